@@ -1,0 +1,162 @@
+package main
+
+import (
+	"bytes"
+	"debug/elf"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/driver-agent/driver-agent/pkg/config"
+	"github.com/driver-agent/driver-agent/pkg/exitcode"
+	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
+)
+
+// build compiles the binary exactly as the Makefile does and links nvidia-driver to it.
+func build(t *testing.T) (agent, nvidiaDriver string) {
+	t.Helper()
+	dir := t.TempDir()
+	agent = filepath.Join(dir, "driver-agent")
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w -X github.com/driver-agent/driver-agent/pkg/cli.version=test-1.2.3", "-o", agent, ".")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	nvidiaDriver = filepath.Join(dir, "nvidia-driver")
+	if err := os.Symlink("driver-agent", nvidiaDriver); err != nil {
+		t.Fatal(err)
+	}
+	return agent, nvidiaDriver
+}
+
+func run(t *testing.T, bin string, env []string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = env
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		return o.String(), e.String(), exit.ExitCode()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o.String(), e.String(), 0
+}
+
+func TestBinary(t *testing.T) {
+	agent, nvidiaDriver := build(t)
+
+	t.Run("static", func(t *testing.T) {
+		f, err := elf.Open(agent)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		for _, p := range f.Progs {
+			if p.Type == elf.PT_INTERP || p.Type == elf.PT_DYNAMIC {
+				t.Errorf("binary has a %v program header: not statically linked", p.Type)
+			}
+		}
+		if libs, _ := f.ImportedLibraries(); len(libs) > 0 {
+			t.Errorf("binary needs shared libraries %v", libs)
+		}
+	})
+
+	t.Run("multi-call", func(t *testing.T) {
+		for _, args := range [][]string{{"version"}, {"help"}, {"help", "exit-codes"}, {"bogus"}, {"init", "--bogus"}, {}} {
+			o1, e1, c1 := run(t, agent, nil, args...)
+			o2, e2, c2 := run(t, nvidiaDriver, nil, args...)
+			e2, o2 = progName.ReplaceAllString(e2, "driver-agent$1"), progName.ReplaceAllString(o2, "driver-agent$1")
+			if o1 != o2 || e1 != e2 || c1 != c2 {
+				t.Errorf("%v differs by name: %q/%q/%d vs %q/%q/%d", args, o1, e1, c1, o2, e2, c2)
+			}
+		}
+		if out, _, _ := run(t, nvidiaDriver, nil, "version"); out != "driver-agent test-1.2.3\n" {
+			t.Errorf("version = %q", out)
+		}
+	})
+
+	t.Run("usage errors exit 2", func(t *testing.T) {
+		for _, args := range [][]string{{"bogus"}, {"init", "--bogus"}, {"--bogus"}, {}} {
+			_, stderr, code := run(t, agent, nil, args...)
+			if code != 2 || !strings.Contains(stderr, "Usage:") {
+				t.Errorf("%v: exit %d, stderr %q", args, code, stderr)
+			}
+		}
+	})
+
+	t.Run("bad config exits 3 before any side effect", func(t *testing.T) {
+		runDir := t.TempDir()
+		_, stderr, code := run(t, agent, []string{"DRIVER_VERSION=580.95.05", "KERNEL_MODULE_TYPE=closed", "MAX_THREADS=lots"}, "init", "--run", runDir)
+		if code != 3 || !strings.Contains(stderr, `KERNEL_MODULE_TYPE="closed"`) || !strings.Contains(stderr, `MAX_THREADS="lots"`) {
+			t.Errorf("exit %d, stderr %q", code, stderr)
+		}
+		if entries, _ := os.ReadDir(runDir); len(entries) != 0 {
+			t.Errorf("bad config still wrote %v", entries)
+		}
+	})
+
+	t.Run("dry run on this machine", func(t *testing.T) {
+		stdout, stderr, code := run(t, agent, []string{"PATH=/usr/bin:/bin"}, "--dry-run")
+		if code != 0 || !strings.Contains(stdout, "Install path: ") || !strings.Contains(stdout, "dry run: nothing was changed") {
+			t.Errorf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+		}
+	})
+
+	t.Run("dry run on a machine without a GPU", func(t *testing.T) {
+		dir := hosttest.UnpackFile(t, "../../test/fixtures/ubuntu-nogpu.txtar")
+		r := hosttest.Roots(t, dir)
+		before := hosttest.Snapshot(t, dir)
+		stdout, stderr, code := run(t, agent, []string{"DRIVER_VERSION=535.309.01"}, "--dry-run", "--root", r.Root, "--host-root", r.HostRoot,
+			"--proc", r.Proc, "--sys", r.Sys, "--dev", r.Dev, "--run", r.Run, "--drivers-dir", r.DriversDir)
+		if code != 0 {
+			t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
+		}
+		for _, want := range []string{"no NVIDIA GPU found", "ubuntu 24.04", "Install path: compile", "On SIGTERM:"} {
+			if !strings.Contains(stdout, want) {
+				t.Errorf("plan lacks %q:\n%s", want, stdout)
+			}
+		}
+		if diff := hosttest.DiffSnapshots(before, hosttest.Snapshot(t, dir)); diff != "" {
+			t.Errorf("dry run changed the tree:\n%s", diff)
+		}
+		jsonOut, _, code := run(t, agent, []string{"DRIVER_VERSION=535.309.01"}, "--dry-run", "--output", "json", "--proc", r.Proc, "--sys", r.Sys, "--run", r.Run, "--root", r.Root)
+		if code != 0 || !strings.Contains(jsonOut, `"path": "compile"`) || !strings.Contains(jsonOut, `"gpus": null`) {
+			t.Errorf("json plan (exit %d):\n%s", code, jsonOut)
+		}
+	})
+}
+
+// progName matches the program name in usage text, not in file names like nvidia-driver.pid.
+var progName = regexp.MustCompile(`nvidia-driver([^.]|$)`)
+
+// TestREADME keeps the README's configuration and exit-code tables true.
+func TestREADME(t *testing.T) {
+	data, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(data)
+	for _, o := range config.Options() {
+		if !strings.Contains(readme, "| `--"+o.Flag+"` | `"+o.Env+"` |") {
+			t.Errorf("README lacks the row for --%s / %s", o.Flag, o.Env)
+		}
+	}
+	for _, e := range exitcode.Table() {
+		if !strings.Contains(readme, fmt.Sprintf("| %d | ", e.Code)) {
+			t.Errorf("README lacks exit code %d", e.Code)
+		}
+	}
+	ci, err := os.ReadFile("../../.ci/run")
+	if err != nil || !strings.Contains(string(ci), "\nmake ci\n") || !strings.Contains(readme, "\nmake ci\n") {
+		t.Error(".ci/run must run exactly the README's test command, make ci")
+	}
+}

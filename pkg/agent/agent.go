@@ -1,0 +1,254 @@
+// Package agent runs the init lifecycle as a state machine: detect, decide, prepare, load,
+// devices, daemons, share-root, ready, then wait for a signal and tear down. Each phase registers
+// the undo of what it changed; teardown runs the undos in reverse under a fresh deadline. With
+// --dry-run the same phases run against recording seams and the result is printed as a plan.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/driver-agent/driver-agent/pkg/config"
+	"github.com/driver-agent/driver-agent/pkg/daemon"
+	"github.com/driver-agent/driver-agent/pkg/detect"
+	"github.com/driver-agent/driver-agent/pkg/exitcode"
+	"github.com/driver-agent/driver-agent/pkg/host"
+	"github.com/driver-agent/driver-agent/pkg/lock"
+	"github.com/driver-agent/driver-agent/pkg/status"
+)
+
+// Phase names, in the order they run.
+const (
+	PhaseDetect    = "detect"
+	PhaseDecide    = "decide"
+	PhasePrepare   = "prepare"
+	PhaseLoad      = "load"
+	PhaseDevices   = "devices"
+	PhaseDaemons   = "daemons"
+	PhaseShareRoot = "share-root"
+	PhaseReady     = "ready"
+	PhaseWait      = "wait"
+	PhaseTeardown  = "teardown"
+)
+
+// Agent is one init run's configuration and collaborators.
+type Agent struct {
+	Config *config.Config
+	Host   host.Host
+	Log    *slog.Logger
+	// Source provides kernel modules for the paths that load them; nil means the default,
+	// which looks for NVIDIA's precompiled packages in the image.
+	Source Source
+	// Recorder receives the side effects of a dry run (Host must then be host.DryRun over it).
+	Recorder *host.Recorder
+	// Out receives the dry-run plan.
+	Out io.Writer
+	// BeforePhase, when set, is called as each phase starts (tests use it to interrupt a phase).
+	BeforePhase func(phase string)
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+type undo struct {
+	phase string
+	fn    func(context.Context) error
+}
+
+// run is the state of one Run.
+type run struct {
+	*Agent
+	cfg      *config.Config
+	st       status.Writer
+	status   status.Status
+	facts    detect.Facts
+	decision Decision
+	images   []host.ModuleImage
+	loaded   []string // NVIDIA modules this run owns (loaded or adopted)
+	devices  []string // device nodes this run created
+	daemons  []*daemon.Daemon
+	undos    []undo
+	notes    []string // dry-run findings
+}
+
+type phase struct {
+	name string
+	fn   func(context.Context) error
+}
+
+// Run executes init until ctx is cancelled (SIGTERM), then tears down. It returns nil after a
+// clean stop; otherwise an error whose class exitcode.Code maps to the exit status.
+func (a *Agent) Run(ctx context.Context) (err error) {
+	cfg := a.Config
+	r := &run{Agent: a, cfg: cfg, st: status.Writer{Files: a.Host.Files, Paths: status.Paths{Run: a.Host.Run}}}
+	if r.Now == nil {
+		r.Now = time.Now
+	}
+	r.status = status.Status{Phase: "starting", DriverVersion: cfg.DriverVersion, Node: cfg.NodeName, PID: os.Getpid(), Started: r.Now()}
+	a.Log.Info("========== NVIDIA Software Installer ==========")
+	a.Log.Info(fmt.Sprintf("Starting installation of NVIDIA driver version %s", orUnset(cfg.DriverVersion)), "dry_run", cfg.DryRun)
+
+	if cfg.DryRun {
+		r.notes = append(r.notes, "would take the lock "+r.st.Paths.PIDFile())
+	} else {
+		l, err := lock.Acquire(r.st.Paths.PIDFile(), os.Getpid())
+		if err != nil {
+			a.Log.Error("An instance of the NVIDIA driver is already running, aborting", "error", err)
+			return err
+		}
+		defer func() { err = errors.Join(err, l.Release()) }()
+	}
+	if err := r.st.SetReady(false); err != nil {
+		return err
+	}
+	r.push("start", func(context.Context) error {
+		return errors.Join(r.st.ClearReady(), r.st.Remove())
+	})
+
+	phases := []phase{
+		{PhaseDetect, r.detect}, {PhaseDecide, r.decide}, {PhasePrepare, r.prepare}, {PhaseLoad, r.load},
+		{PhaseDevices, r.devicesPhase}, {PhaseDaemons, r.daemonsPhase}, {PhaseShareRoot, r.shareRoot}, {PhaseReady, r.ready},
+	}
+	runErr := r.runPhases(ctx, phases)
+	if cfg.DryRun {
+		steps := len(a.Recorder.Actions())
+		if err := r.teardown(); err != nil {
+			r.notes = append(r.notes, fmt.Sprintf("teardown: would fail: %v", err))
+		}
+		return r.printPlan(runErr, steps)
+	}
+	if runErr == nil {
+		a.Log.Info("Done, now waiting for signal")
+		runErr = r.wait(ctx)
+	}
+	if errors.Is(runErr, context.Canceled) {
+		a.Log.Info("Caught signal, tearing down")
+		runErr = nil
+	} else if runErr != nil {
+		r.status.LastError = runErr.Error()
+		a.Log.Error("init failed, tearing down", "error", runErr)
+	}
+	tdErr := r.teardown()
+	if tdErr != nil {
+		r.status.LastError = errors.Join(runErr, tdErr).Error()
+		r.setPhase(PhaseTeardown) // keep the status file for people to read
+	}
+	return errors.Join(runErr, tdErr)
+}
+
+func orUnset(s string) string {
+	if s == "" {
+		return "<unset>"
+	}
+	return s
+}
+
+func (r *run) push(phase string, fn func(context.Context) error) {
+	r.undos = append(r.undos, undo{phase: phase, fn: fn})
+}
+
+func (r *run) setPhase(name string) {
+	r.status.Phase = name
+	r.status.Updated = r.Now()
+	if r.cfg.DryRun {
+		return
+	}
+	if err := r.st.Write(r.status); err != nil {
+		r.Log.Warn("could not write status file", "error", err)
+	}
+}
+
+func (r *run) runPhases(ctx context.Context, phases []phase) error {
+	for _, p := range phases {
+		if r.BeforePhase != nil {
+			r.BeforePhase(p.name)
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		start := r.Now()
+		r.status.Phases = append(r.status.Phases, status.Timing{Name: p.name, Started: start, Result: "running"})
+		r.setPhase(p.name)
+		err := p.fn(ctx)
+		t := &r.status.Phases[len(r.status.Phases)-1]
+		t.Duration = r.Now().Sub(start)
+		switch {
+		case err == nil:
+			t.Result = "ok"
+		case errors.Is(err, context.Canceled):
+			t.Result = "cancelled"
+		default:
+			t.Result, t.Error = "failed", err.Error()
+		}
+		r.Log.Debug("phase finished", "phase", p.name, "result", t.Result, "duration", t.Duration)
+		if err != nil {
+			if r.cfg.DryRun && !errors.Is(err, context.Canceled) {
+				r.notes = append(r.notes, fmt.Sprintf("%s: would fail: %v", p.name, err))
+				continue
+			}
+			r.setPhase(p.name)
+			return fmt.Errorf("%s: %w", p.name, err)
+		}
+	}
+	return nil
+}
+
+// wait blocks until ctx ends or a watched daemon dies.
+func (r *run) wait(ctx context.Context) error {
+	r.setPhase(PhaseWait)
+	watched := make(chan *daemon.Daemon, len(r.daemons))
+	stop := make(chan struct{})
+	defer close(stop)
+	for _, d := range r.daemons {
+		go func() {
+			select {
+			case <-d.Done():
+				watched <- d
+			case <-stop:
+			}
+		}()
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case d := <-watched:
+		return fmt.Errorf("%w: %s exited while the driver was ready", exitcode.ErrDaemon, d.Spec.Name)
+	}
+}
+
+// teardown runs the undos in reverse under a fresh deadline and joins their errors.
+func (r *run) teardown() error {
+	r.setPhase(PhaseTeardown)
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ShutdownTimeout)
+	defer cancel()
+	var errs []error
+	for i := len(r.undos) - 1; i >= 0; i-- {
+		u := r.undos[i]
+		r.Log.Debug("undo", "phase", u.phase)
+		if err := u.fn(ctx); err != nil {
+			r.Log.Error("teardown step failed", "phase", u.phase, "error", err)
+			errs = append(errs, fmt.Errorf("undo %s: %w", u.phase, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// WriteTerminationLog writes a one-line cause to path when the file exists and is writable, so
+// `kubectl describe pod` shows why the container stopped.
+func WriteTerminationLog(path string, err error) {
+	f, ferr := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+	if ferr != nil {
+		return
+	}
+	defer f.Close()
+	msg := "driver-agent stopped cleanly"
+	if err != nil {
+		msg = fmt.Sprintf("driver-agent exit %d: %s", exitcode.Code(err), strings.Join(strings.Fields(err.Error()), " "))
+	}
+	fmt.Fprintln(f, msg)
+}

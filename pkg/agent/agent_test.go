@@ -1,0 +1,409 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
+
+	"github.com/driver-agent/driver-agent/pkg/config"
+	"github.com/driver-agent/driver-agent/pkg/detect"
+	"github.com/driver-agent/driver-agent/pkg/exitcode"
+	"github.com/driver-agent/driver-agent/pkg/host"
+	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const testVersion = "535.309.01"
+
+// fakeSource stands in for the precompiled/compile paths: it hands out stand-in modules.
+type fakeSource struct {
+	roots host.Roots
+	err   error
+}
+
+func (s fakeSource) Find(context.Context, detect.Facts, string) (Decision, error) {
+	return Decision{Path: PathPrecompiled, Reason: "test source", Package: "nvidia-modules-test"}, s.err
+}
+
+func (s fakeSource) Prepare(context.Context, Decision) ([]host.ModuleImage, error) {
+	dir := s.roots.InRoot("lib/modules")
+	return []host.ModuleImage{
+		{Name: "nvidia", Path: filepath.Join(dir, "nvidia.ko"), Params: "NVreg_EnableGpuFirmware=18"},
+		{Name: "nvidia_uvm", Path: filepath.Join(dir, "nvidia-uvm.ko")},
+		{Name: "nvidia_modeset", Path: filepath.Join(dir, "nvidia-modeset.ko")},
+	}, nil
+}
+
+type world struct {
+	dir     string
+	roots   host.Roots
+	kernel  *hosttest.FakeKernel
+	mounter *hosttest.FakeMounter
+	exec    *hosttest.FakeExec
+	before  map[string]string
+}
+
+func newWorld(t *testing.T) *world {
+	t.Helper()
+	dir := hosttest.UnpackFile(t, "../../test/fixtures/flatcar-stable-gpu.txtar")
+	w := &world{dir: dir, roots: hosttest.Roots(t, dir), exec: &hosttest.FakeExec{}}
+	w.kernel = hosttest.NewFakeKernel(w.roots, map[string]hosttest.FakeModule{
+		"nvidia":         {Version: testVersion},
+		"nvidia_uvm":     {Version: testVersion, Deps: []string{"nvidia"}},
+		"nvidia_modeset": {Version: testVersion, Deps: []string{"nvidia"}},
+		"nvidia_drm":     {Version: testVersion, Deps: []string{"nvidia_modeset"}},
+	})
+	w.mounter = hosttest.NewFakeMounter(w.roots)
+	w.before = files(hosttest.Snapshot(t, dir))
+	return w
+}
+
+// files drops directories from a snapshot: empty directories are not state the run leaves.
+func files(snap map[string]string) map[string]string {
+	for p := range snap {
+		if strings.HasSuffix(p, "/") {
+			delete(snap, p)
+		}
+	}
+	return snap
+}
+
+func (w *world) agent(t *testing.T, extraArgs ...string) *Agent {
+	t.Helper()
+	r := w.roots
+	args := append([]string{"--root", r.Root, "--host-root", r.HostRoot, "--proc", r.Proc, "--sys", r.Sys, "--dev", r.Dev,
+		"--run", r.Run, "--drivers-dir", r.DriversDir, "--shutdown-timeout", "2s", "--daemon-stop-timeout", "200ms"}, extraArgs...)
+	cfg, _, err := config.Parse("test", args, []string{"DRIVER_VERSION=" + testVersion, "DRIVER_CONFIG_DIGEST=digest-1", "NODE_NAME=node-a"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.ValidateInit(); err != nil {
+		t.Fatal(err)
+	}
+	h := host.Host{Roots: r, Kernel: w.kernel, Mounter: w.mounter, Mknoder: hosttest.FakeMknoder{}, Files: host.OSFiles{}, Exec: w.exec}
+	return &Agent{Config: cfg, Host: h, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Source: fakeSource{roots: r}, Out: io.Discard}
+}
+
+func (w *world) read(t *testing.T, rel string) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(w.dir, rel))
+	if err != nil {
+		return "<" + err.Error() + ">"
+	}
+	return string(data)
+}
+
+func (w *world) assertClean(t *testing.T) {
+	t.Helper()
+	if diff := hosttest.DiffSnapshots(w.before, files(hosttest.Snapshot(t, w.dir))); diff != "" {
+		t.Errorf("the run left the tree changed:\n%s", diff)
+	}
+	if l := w.kernel.Loaded(); len(l) != 0 {
+		t.Errorf("modules still loaded: %v", l)
+	}
+	if m := w.mounter.Mounted(); len(m) != 0 {
+		t.Errorf("still mounted: %v", m)
+	}
+	for _, p := range w.exec.Processes() {
+		if p.Running() {
+			t.Errorf("process %s still running", p.Cmd.Path)
+		}
+	}
+}
+
+// startAgent runs a in the background and returns a cancel and the result channel.
+func startAgent(a *Agent) (context.CancelFunc, <-chan error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	return cancel, done
+}
+
+func waitFor(t *testing.T, what string, cond func() bool, done <-chan error) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		select {
+		case err := <-done:
+			t.Fatalf("agent stopped before %s: %v", what, err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestWholeFlow(t *testing.T) {
+	w := newWorld(t)
+	a := w.agent(t)
+	cancel, done := startAgent(a)
+	defer cancel()
+	waitFor(t, "Ready", func() bool { return w.read(t, "run/nvidia/validations/.driver-daemons-status") == "Ready" }, done)
+
+	if got := w.kernel.Loaded(); !slices.Equal(got, []string{"nvidia", "nvidia_uvm", "nvidia_modeset"}) {
+		t.Errorf("loaded %v", got)
+	}
+	if got := w.read(t, "sys/module/nvidia/parameters/NVreg_EnableGpuFirmware"); got != "18\n" {
+		t.Errorf("nvidia parameter = %q", got)
+	}
+	if got := w.read(t, "sys/module/firmware_class/parameters/path"); got != firmwareSearchPath {
+		t.Errorf("firmware path = %q", got)
+	}
+	for node, want := range map[string]string{"nvidiactl": "c 195:255 0666\n", "nvidia0": "c 195:0 0666\n", "nvidia-modeset": "c 195:254 0666\n", "nvidia-uvm": "c 510:0 0666\n", "nvidia-uvm-tools": "c 510:1 0666\n"} {
+		if got := w.read(t, "dev/"+node); got != want {
+			t.Errorf("/dev/%s = %q, want %q", node, got, want)
+		}
+	}
+	if got := w.mounter.Mounted(); !slices.Equal(got, []string{w.roots.InRun("nvidia/driver")}) {
+		t.Errorf("mounted %v", got)
+	}
+	procs := w.exec.Processes()
+	if len(procs) != 1 || procs[0].Cmd.Path != w.roots.InRoot("usr/bin/nvidia-persistenced") || !slices.Equal(procs[0].Cmd.Args, []string{"--persistence-mode"}) {
+		t.Fatalf("processes %+v", procs)
+	}
+	if got := w.read(t, "run/nvidia/nvidia-driver.state"); got != "digest-1" {
+		t.Errorf("state = %q", got)
+	}
+	if got := w.read(t, "run/nvidia/nvidia-driver.pid"); strings.TrimSpace(got) != itoa(os.Getpid()) {
+		t.Errorf("pid file = %q", got)
+	}
+	if got := w.read(t, "run/nvidia/driver-agent/status.json"); !strings.Contains(got, `"phase": "wait"`) || !strings.Contains(got, `"installPath": "precompiled"`) {
+		t.Errorf("status.json = %s", got)
+	}
+
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run after SIGTERM = %v, want nil", err)
+	}
+	if sigs := procs[0].Signals(); !slices.Equal(sigs, []syscall.Signal{syscall.SIGTERM}) {
+		t.Errorf("persistenced got %v, want SIGTERM only", sigs)
+	}
+	calls := w.kernel.Calls()
+	unloads := calls[3:]
+	if len(unloads) != 3 || unloads[2] != "unload nvidia" {
+		t.Errorf("unload order %v: nvidia must go last", unloads)
+	}
+	w.assertClean(t)
+}
+
+func itoa(n int) string { return strings.TrimSpace(strings.Repeat(" ", 0) + fmtInt(n)) }
+
+func fmtInt(n int) string {
+	var b []byte
+	if n == 0 {
+		return "0"
+	}
+	for n > 0 {
+		b = append([]byte{byte('0' + n%10)}, b...)
+		n /= 10
+	}
+	return string(b)
+}
+
+// TestSignalDuringEachPhase cancels as each phase starts: teardown must run only the undos
+// registered so far and leave the tree as it was.
+func TestSignalDuringEachPhase(t *testing.T) {
+	for i, phase := range []string{PhaseDetect, PhaseDecide, PhasePrepare, PhaseLoad, PhaseDevices, PhaseDaemons, PhaseShareRoot, PhaseReady} {
+		t.Run(phase, func(t *testing.T) {
+			w := newWorld(t)
+			a := w.agent(t)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			var started []string
+			a.BeforePhase = func(p string) {
+				started = append(started, p)
+				if p == phase {
+					cancel()
+				}
+			}
+			if err := a.Run(ctx); err != nil {
+				t.Fatalf("Run = %v, want a clean stop", err)
+			}
+			if len(started) != i+1 {
+				t.Errorf("phases started %v, want to stop at %s", started, phase)
+			}
+			loadedAny := slices.ContainsFunc(w.kernel.Calls(), func(c string) bool { return strings.HasPrefix(c, "load") })
+			if wantLoad := i > 3; loadedAny != wantLoad {
+				t.Errorf("modules loaded: %t, want %t (calls %v)", loadedAny, wantLoad, w.kernel.Calls())
+			}
+			if started := len(w.exec.Processes()) > 0; started != (i > 5) {
+				t.Errorf("daemon started: %t", started)
+			}
+			w.assertClean(t)
+		})
+	}
+}
+
+func TestLockContention(t *testing.T) {
+	w := newWorld(t)
+	first := w.agent(t)
+	cancel, done := startAgent(first)
+	defer cancel()
+	waitFor(t, "Ready", func() bool { return w.read(t, "run/nvidia/validations/.driver-daemons-status") == "Ready" }, done)
+
+	second := w.agent(t)
+	err := second.Run(context.Background())
+	if !errors.Is(err, exitcode.ErrLockHeld) || exitcode.Code(err) != 4 {
+		t.Fatalf("second instance: %v (code %d), want lock held (4)", err, exitcode.Code(err))
+	}
+	if w.read(t, "run/nvidia/validations/.driver-daemons-status") != "Ready" || len(w.kernel.Loaded()) != 3 {
+		t.Error("the refused second instance disturbed the first")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	w.assertClean(t)
+}
+
+func TestFastPathAdoptsLoadedDriver(t *testing.T) {
+	w := newWorld(t)
+	if err := w.kernel.Preload("nvidia", "nvidia_uvm", "nvidia_modeset"); err != nil {
+		t.Fatal(err)
+	}
+	os.MkdirAll(w.roots.InRun("nvidia"), 0o755)
+	os.WriteFile(w.roots.InRun("nvidia/nvidia-driver.state"), []byte("digest-1"), 0o644)
+	a := w.agent(t)
+	cancel, done := startAgent(a)
+	defer cancel()
+	waitFor(t, "Ready", func() bool { return w.read(t, "run/nvidia/validations/.driver-daemons-status") == "Ready" }, done)
+	if calls := w.kernel.Calls(); len(calls) != 0 {
+		t.Errorf("fast path touched the kernel: %v", calls)
+	}
+	if !strings.Contains(w.read(t, "run/nvidia/driver-agent/status.json"), `"installPath": "fast"`) {
+		t.Error("status does not say fast path")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if l := w.kernel.Loaded(); len(l) != 0 {
+		t.Errorf("teardown left %v loaded", l)
+	}
+}
+
+func TestReloadWhenDigestDiffers(t *testing.T) {
+	w := newWorld(t)
+	if err := w.kernel.Preload("nvidia", "nvidia_uvm"); err != nil {
+		t.Fatal(err)
+	}
+	a := w.agent(t)
+	cancel, done := startAgent(a)
+	defer cancel()
+	waitFor(t, "Ready", func() bool { return w.read(t, "run/nvidia/validations/.driver-daemons-status") == "Ready" }, done)
+	if calls := w.kernel.Calls(); !slices.Equal(calls[:2], []string{"unload nvidia_uvm", "unload nvidia"}) {
+		t.Errorf("calls %v: the stale driver must be unloaded first, holders first", calls)
+	}
+	cancel()
+	<-done
+}
+
+func TestInUseAtShutdown(t *testing.T) {
+	w := newWorld(t)
+	a := w.agent(t)
+	cancel, done := startAgent(a)
+	defer cancel()
+	waitFor(t, "Ready", func() bool { return w.read(t, "run/nvidia/validations/.driver-daemons-status") == "Ready" }, done)
+	w.kernel.Use("nvidia_uvm", 1)
+	cancel()
+	err := <-done
+	if !errors.Is(err, exitcode.ErrInUse) || exitcode.Code(err) != 10 {
+		t.Fatalf("Run = %v, want in use (10)", err)
+	}
+	if !slices.Contains(w.kernel.Loaded(), "nvidia") {
+		t.Error("nvidia was unloaded although in use")
+	}
+	if w.read(t, "run/nvidia/nvidia-driver.state") != "digest-1" {
+		t.Error("the digest must stay while the driver stays loaded")
+	}
+	if !strings.Contains(w.read(t, "run/nvidia/driver-agent/status.json"), "in use") {
+		t.Error("status.json does not keep the in-use error")
+	}
+}
+
+func TestLoadFailureRollsBack(t *testing.T) {
+	w := newWorld(t)
+	w.kernel = hosttest.NewFakeKernel(w.roots, map[string]hosttest.FakeModule{
+		"nvidia":         {Version: testVersion},
+		"nvidia_uvm":     {Deps: []string{"nvidia"}},
+		"nvidia_modeset": {Err: unix.ENODEV},
+	})
+	a := w.agent(t)
+	err := a.Run(context.Background())
+	if !errors.Is(err, exitcode.ErrNoGPU) || !strings.Contains(err.Error(), "no NVIDIA GPU") {
+		t.Fatalf("Run = %v, want the no-GPU error", err)
+	}
+	if got := w.kernel.Calls(); !slices.Equal(got, []string{"load nvidia", "load nvidia_uvm", "load nvidia_modeset", "unload nvidia_uvm", "unload nvidia"}) {
+		t.Errorf("calls %v", got)
+	}
+	if len(w.exec.Processes()) != 0 || len(w.mounter.Mounted()) != 0 {
+		t.Error("phases after the failed load ran")
+	}
+	// The status file is kept for people to read; everything else is as before.
+	os.Remove(w.roots.InRun("nvidia/driver-agent/status.json"))
+	w.assertClean(t)
+}
+
+func TestUnimplementedPathSaysSo(t *testing.T) {
+	w := newWorld(t)
+	a := w.agent(t)
+	a.Source = nil // the default: precompiled packages in the image, of which the fixture has none
+	err := a.Run(context.Background())
+	if !errors.Is(err, exitcode.ErrNotImplemented) || !strings.Contains(err.Error(), "prepare") {
+		t.Fatalf("Run = %v, want prepare: not implemented", err)
+	}
+	if calls := w.kernel.Calls(); len(calls) != 0 {
+		t.Errorf("kernel calls %v", calls)
+	}
+	os.Remove(w.roots.InRun("nvidia/driver-agent/status.json"))
+	w.assertClean(t)
+}
+
+func TestDaemonDeathEndsReadiness(t *testing.T) {
+	w := newWorld(t)
+	a := w.agent(t)
+	cancel, done := startAgent(a)
+	defer cancel()
+	waitFor(t, "Ready", func() bool { return w.read(t, "run/nvidia/validations/.driver-daemons-status") == "Ready" }, done)
+	w.exec.Processes()[0].Exit(errors.New("exit status 1"))
+	err := <-done
+	if !errors.Is(err, exitcode.ErrDaemon) {
+		t.Fatalf("Run = %v, want daemon failure", err)
+	}
+	os.Remove(w.roots.InRun("nvidia/driver-agent/status.json"))
+	w.assertClean(t)
+}
+
+func TestDryRunChangesNothing(t *testing.T) {
+	w := newWorld(t)
+	a := w.agent(t, "--dry-run")
+	rec := &host.Recorder{}
+	a.Recorder, a.Host = rec, host.DryRun(w.roots, rec)
+	var out strings.Builder
+	a.Out = &out
+	if err := a.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	w.assertClean(t)
+	plan := out.String()
+	for _, want := range []string{"Install path: precompiled", "1 NVIDIA GPU(s): 0000:3b:00.0", "load-module nvidia (finit_module", "NVreg_EnableGpuFirmware=18",
+		"mknod " + w.roots.InDev("nvidia0") + " (c 195:0 0666)", "exec " + w.roots.InRoot("usr/bin/nvidia-persistenced") + " (--persistence-mode)", "mount " + w.roots.InRun("nvidia/driver"), "channel stable"} {
+		if !strings.Contains(plan, want) {
+			t.Errorf("plan lacks %q:\n%s", want, plan)
+		}
+	}
+}

@@ -1,0 +1,371 @@
+package agent
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/driver-agent/driver-agent/pkg/daemon"
+	"github.com/driver-agent/driver-agent/pkg/detect"
+	"github.com/driver-agent/driver-agent/pkg/devices"
+	"github.com/driver-agent/driver-agent/pkg/exitcode"
+	"github.com/driver-agent/driver-agent/pkg/host"
+	"github.com/driver-agent/driver-agent/pkg/kernel"
+	"github.com/driver-agent/driver-agent/pkg/modules"
+)
+
+// firmwareSearchPath is where the host kernel finds the GSP firmware: the container's
+// /lib/firmware as shared at /run/nvidia/driver. It is a value written to sysfs, not a path the
+// agent opens.
+const firmwareSearchPath = "/run/nvidia/driver/lib/firmware"
+
+// nvidiaModules are the NVIDIA modules the agent owns; their holders are found at unload time.
+var nvidiaModules = []string{"nvidia_drm", "nvidia_peermem", "nvidia_modeset", "nvidia_uvm", "nvidia"}
+
+func (r *run) detect(context.Context) error {
+	f, err := detect.Detect(r.Host.Roots)
+	if err != nil {
+		return err
+	}
+	r.facts = f
+	r.status.Kernel = f.KernelRelease
+	for _, w := range f.Warnings {
+		r.Log.Warn(w)
+	}
+	r.Log.Info("detected node", "kernel", f.KernelRelease, "os", f.OS.ID, "os_version", f.OS.VersionID,
+		"gpus", len(f.GPUs), "nvswitches", len(f.NVSwitches), "mellanox", len(f.Mellanox), "nvlink5", f.NVLink5)
+	if f.Flatcar != nil {
+		r.Log.Info("Flatcar host", "version", f.Flatcar.Version, "board", f.Flatcar.Board, "channel", f.Flatcar.Channel, "channel_from", f.Flatcar.ChannelSource)
+	}
+	if len(f.GPUs) == 0 {
+		r.Log.Warn("no NVIDIA GPU found on the PCI bus; loading nvidia will fail with ENODEV")
+	}
+	return nil
+}
+
+func (r *run) decide(ctx context.Context) error {
+	d := Decision{}
+	d.Flavor, d.FlavorReason = flavor(r.cfg.KernelModuleType, r.cfg.DriverBranch)
+	nv, nvLoaded := r.facts.Modules["nvidia"]
+	stored, _ := os.ReadFile(r.st.Paths.State())
+	r.Log.Info("Checking NVIDIA driver packages...")
+	switch {
+	case r.cfg.Modules == "host":
+		d.Path, d.Reason = PathHost, "--modules=host: the host loads the NVIDIA modules"
+	case r.cfg.Modules == "auto" && r.facts.HostDriver != "":
+		d.Path, d.Reason = PathHost, r.facts.HostDriver
+	case nvLoaded && r.cfg.ConfigDigest != "" && string(stored) == r.cfg.ConfigDigest:
+		d.Path = PathFast
+		d.Reason = fmt.Sprintf("nvidia %s is loaded and %s holds DRIVER_CONFIG_DIGEST %s", orUnset(nv.Version), r.st.Paths.State(), r.cfg.ConfigDigest)
+		r.Log.Info("The NVIDIA driver is already loaded with the desired configuration, performing userspace-only install")
+	default:
+		found, err := r.source().Find(ctx, r.facts, d.Flavor)
+		if err != nil {
+			return err
+		}
+		found.Flavor, found.FlavorReason = d.Flavor, d.FlavorReason
+		d = found
+		if nvLoaded {
+			d.Reload = true
+			d.Reason += fmt.Sprintf("; nvidia %s is loaded with another configuration and is unloaded first", orUnset(nv.Version))
+		}
+	}
+	r.decision = d
+	r.status.InstallPath, r.status.PathReason, r.status.Flavor = d.Path, d.Reason, d.Flavor
+	r.Log.Info("install path chosen", "path", d.Path, "reason", d.Reason, "flavor", d.Flavor, "flavor_reason", d.FlavorReason)
+	return nil
+}
+
+func flavor(moduleType string, branch int) (string, string) {
+	switch moduleType {
+	case "open":
+		return "kernel-open", "KERNEL_MODULE_TYPE=open"
+	case "proprietary":
+		return "kernel", "KERNEL_MODULE_TYPE=proprietary"
+	}
+	if branch >= 560 {
+		return "kernel-open", fmt.Sprintf("KERNEL_MODULE_TYPE=auto and branch %d >= 560 defaults to open modules", branch)
+	}
+	return "kernel", fmt.Sprintf("KERNEL_MODULE_TYPE=auto and branch %d < 560 defaults to proprietary modules", branch)
+}
+
+func (r *run) source() Source {
+	if r.Source != nil {
+		return r.Source
+	}
+	return imageSource{roots: r.Host.Roots, version: r.cfg.DriverVersion}
+}
+
+func (r *run) prepare(ctx context.Context) error {
+	switch r.decision.Path {
+	case PathFast, PathHost:
+		return nil
+	}
+	images, err := r.source().Prepare(ctx, r.decision)
+	if err != nil {
+		return err
+	}
+	r.images = images
+	return nil
+}
+
+func (r *run) load(ctx context.Context) error {
+	switch r.decision.Path {
+	case PathHost:
+		nv, err := kernel.ReadSysModule(r.Host.Sys, "nvidia")
+		if err != nil {
+			return err
+		}
+		if !nv.Loaded {
+			return fmt.Errorf("%w: the host manages the NVIDIA modules (%s) but nvidia is not loaded", exitcode.ErrHostDriver, r.decision.Reason)
+		}
+		if r.cfg.DriverVersion != "" && nv.Version != r.cfg.DriverVersion {
+			return fmt.Errorf("%w: the host loaded nvidia %s, the image has %s", exitcode.ErrHostDriver, nv.Version, r.cfg.DriverVersion)
+		}
+		r.Log.Info("using the host's NVIDIA driver", "version", nv.Version)
+		return nil
+	case PathFast:
+		r.loaded = nvidiaModules
+		r.push(PhaseLoad, r.unloadUndo)
+		return nil
+	}
+	if r.decision.Reload {
+		r.Log.Info("Unloading NVIDIA driver kernel modules...")
+		if err := modules.Unload(ctx, r.Host, r.Log, nvidiaModules, r.cfg.DryRun); err != nil {
+			return err
+		}
+	}
+	if err := r.setFirmwarePath(); err != nil {
+		return err
+	}
+	r.Log.Info("Loading NVIDIA driver kernel modules...")
+	loaded, err := modules.Load(ctx, r.Host, r.Log, r.images)
+	if err != nil {
+		return err
+	}
+	r.loaded = loaded
+	r.push(PhaseLoad, r.unloadUndo)
+	return nil
+}
+
+// unloadUndo unloads the modules this run owns; only once they are gone does it remove the
+// device nodes and the stored digest, which stay valid while the driver is in use.
+func (r *run) unloadUndo(ctx context.Context) error {
+	r.Log.Info("Unloading NVIDIA driver kernel modules...")
+	if err := modules.Unload(ctx, r.Host, r.Log, r.loaded, r.cfg.DryRun); err != nil {
+		return err
+	}
+	return errors.Join(devices.Remove(r.Host, r.devices), r.st.ClearDigest())
+}
+
+// setFirmwarePath points the kernel's firmware search path at the shared driver root, unless
+// something is configured there already or the nvidia parameters turn GPU firmware off.
+func (r *run) setFirmwarePath() error {
+	path := r.Host.InSys("module/firmware_class/parameters/path")
+	for _, m := range r.images {
+		if m.Name == "nvidia" && hasParam(m.Params, "NVreg_EnableGpuFirmware", "0") {
+			r.Log.Info("GPU firmware is disabled (NVreg_EnableGpuFirmware=0); leaving the firmware search path alone")
+			return nil
+		}
+	}
+	cur, err := os.ReadFile(path)
+	if err != nil {
+		r.Log.Warn("cannot read the firmware search path; not setting it", "path", path, "error", err)
+		return nil
+	}
+	if v := strings.TrimSpace(string(cur)); v != "" {
+		r.Log.Warn("A search path is already configured; retaining the current configuration", "path", path, "value", v)
+		return nil
+	}
+	if err := r.Host.Files.WriteFile(path, []byte(firmwareSearchPath), 0o644, false); err != nil {
+		r.Log.Warn("could not set the firmware search path", "path", path, "error", err)
+		return nil
+	}
+	if len(cur) == 0 {
+		cur = []byte("\n")
+	}
+	r.push(PhaseLoad, func(context.Context) error { return r.Host.Files.WriteFile(path, cur, 0o644, false) })
+	return nil
+}
+
+func hasParam(params, key, value string) bool {
+	for _, f := range strings.Fields(params) {
+		if k, v, _ := strings.Cut(f, "="); k == key && v == value {
+			return true
+		}
+	}
+	return false
+}
+
+func (r *run) devicesPhase(context.Context) error {
+	if r.decision.Path == PathHost {
+		return nil
+	}
+	modeset := contains(r.loaded, "nvidia_modeset")
+	if r.cfg.DryRun {
+		if _, err := os.Stat(r.Host.InProc("driver/nvidia")); err != nil {
+			r.notes = append(r.notes, fmt.Sprintf("devices: once the driver is loaded, would create %s/nvidiactl, one /nvidia<N> per GPU (%d found on PCI), nvidia-modeset and nvidia-uvm{,-tools}", r.Host.Dev, len(r.facts.GPUs)))
+			return nil
+		}
+		modeset = true
+	}
+	nodes, err := devices.Plan(r.Host.Proc, r.Host.Dev, modeset)
+	if err != nil {
+		return err
+	}
+	created, err := devices.Create(r.Host, nodes)
+	r.devices = append(r.devices, created...)
+	return err
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+func (r *run) daemonsPhase(ctx context.Context) error {
+	if len(r.facts.NVSwitches) > 0 || r.nvswitchDevices() > 0 {
+		return fmt.Errorf("%w: this is an NVSwitch system and starting nv-fabricmanager is not implemented in this build", exitcode.ErrNotImplemented)
+	}
+	r.Log.Info("Starting NVIDIA persistence daemon...")
+	spec := daemon.Spec{Name: "nvidia-persistenced", Cmd: host.Cmd{Path: r.Host.InRoot("usr/bin/nvidia-persistenced"), Args: r.cfg.PersistencedArgs}}
+	if _, err := os.Stat(spec.Cmd.Path); err != nil {
+		if !r.cfg.DryRun {
+			return fmt.Errorf("%w: %s: %w (the image must ship NVIDIA's userspace)", exitcode.ErrDaemon, spec.Name, err)
+		}
+		r.notes = append(r.notes, fmt.Sprintf("daemons: %s is not in this container root; in the driver image it is", spec.Cmd.Path))
+	}
+	d, err := daemon.Start(ctx, r.Host, r.Log, spec)
+	if err != nil {
+		return err
+	}
+	r.daemons = append(r.daemons, d)
+	r.push(PhaseDaemons, func(ctx context.Context) error {
+		r.Log.Info("Stopping NVIDIA persistence daemon...")
+		return d.Stop(ctx, r.cfg.DaemonStopTimeout)
+	})
+	return nil
+}
+
+func (r *run) nvswitchDevices() int {
+	entries, _ := os.ReadDir(r.Host.InProc("driver/nvidia-nvswitch/devices"))
+	return len(entries)
+}
+
+func (r *run) shareRoot(context.Context) error {
+	target := r.Host.InRun("nvidia/driver")
+	if mounted, err := isMountPoint(r.Host.InProc("self/mountinfo"), target); err != nil {
+		return err
+	} else if mounted {
+		r.Log.Info("Unmounting NVIDIA driver rootfs...")
+		if err := r.Host.Mounter.Unmount(target, unix.MNT_DETACH); err != nil {
+			return fmt.Errorf("unmount stale %s: %w", target, err)
+		}
+	}
+	r.Log.Info("Mounting NVIDIA driver rootfs...")
+	if err := r.Host.Mounter.Mount("none", r.Host.Sys, "", unix.MS_REC|unix.MS_UNBINDABLE, ""); err != nil {
+		return fmt.Errorf("make %s unbindable: %w", r.Host.Sys, err)
+	}
+	if err := r.Host.Mounter.Mount("none", r.Host.Sys, "", unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make %s private: %w", r.Host.Sys, err)
+	}
+	if err := r.Host.Files.MkdirAll(target, 0o755); err != nil {
+		return err
+	}
+	if err := r.Host.Mounter.Mount(r.Host.Root, target, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("share %s at %s: %w", r.Host.Root, target, err)
+	}
+	r.push(PhaseShareRoot, func(context.Context) error {
+		r.Log.Info("Unmounting NVIDIA driver rootfs...")
+		if err := r.Host.Mounter.Unmount(target, unix.MNT_DETACH); err != nil {
+			return fmt.Errorf("unmount %s: %w", target, err)
+		}
+		return nil
+	})
+	return nil
+}
+
+// isMountPoint reports whether target is a mount point in mountinfo.
+func isMountPoint(mountinfo, target string) (bool, error) {
+	data, err := kernel.ReadSmall(mountinfo)
+	if err != nil {
+		return false, fmt.Errorf("mount table: %w", err)
+	}
+	points, err := ParseMountPoints(bytes.NewReader(data))
+	if err != nil {
+		return false, err
+	}
+	return contains(points, target), nil
+}
+
+// ParseMountPoints returns the mount point field of each mountinfo line, unescaped.
+func ParseMountPoints(r io.Reader) ([]string, error) {
+	var points []string
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 4096), 1<<20)
+	for n := 1; sc.Scan(); n++ {
+		f := strings.Fields(sc.Text())
+		if len(f) == 0 {
+			continue
+		}
+		if len(f) < 10 {
+			return nil, fmt.Errorf("mountinfo line %d: want at least 10 fields, have %d", n, len(f))
+		}
+		points = append(points, unescapeOctal(f[4]))
+	}
+	return points, sc.Err()
+}
+
+func unescapeOctal(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) && isOctal(s[i+1:i+4]) {
+			b.WriteByte((s[i+1]-'0')<<6 | (s[i+2]-'0')<<3 | (s[i+3] - '0'))
+			i += 3
+			continue
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+func isOctal(s string) bool {
+	if len(s) != 3 || s[0] > '3' {
+		return false
+	}
+	for i := 0; i < 3; i++ {
+		if s[i] < '0' || s[i] > '7' {
+			return false
+		}
+	}
+	return true
+}
+
+func (r *run) ready(context.Context) error {
+	if r.decision.Path != PathHost {
+		if err := r.st.StoreDigest(r.cfg.ConfigDigest); err != nil {
+			return err
+		}
+		r.Log.Info("Driver configuration digest stored", "path", r.st.Paths.State())
+	}
+	if err := r.st.SetReady(true); err != nil {
+		return err
+	}
+	r.status.Ready = true
+	r.push(PhaseReady, func(context.Context) error {
+		r.status.Ready = false
+		return r.st.SetReady(false)
+	})
+	return nil
+}

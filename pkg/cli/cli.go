@@ -1,0 +1,174 @@
+// Package cli is the command line: it picks the subcommand (init, status, version, help), builds
+// the configuration, the logger and the host, runs the command and returns the exit code. The
+// binary behaves the same whether it is called driver-agent or nvidia-driver.
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/driver-agent/driver-agent/pkg/agent"
+	"github.com/driver-agent/driver-agent/pkg/config"
+	"github.com/driver-agent/driver-agent/pkg/exitcode"
+	"github.com/driver-agent/driver-agent/pkg/host"
+	"github.com/driver-agent/driver-agent/pkg/status"
+)
+
+// version is set at build time with -ldflags "-X github.com/driver-agent/driver-agent/pkg/cli.version=...".
+var version = "dev"
+
+// Version returns the agent's version.
+func Version() string { return version }
+
+// Main runs the command line argv (argv[0] is the program name) and returns the exit code.
+func Main(ctx context.Context, argv, environ []string, stdout, stderr io.Writer) int {
+	prog := "driver-agent"
+	if len(argv) > 0 {
+		prog = filepath.Base(argv[0])
+	}
+	var args []string
+	if len(argv) > 1 {
+		args = argv[1:]
+	}
+	if len(args) == 0 {
+		usage(stderr, prog)
+		return exitcode.Code(exitcode.ErrUsage)
+	}
+	cmd := args[0]
+	if strings.HasPrefix(cmd, "-") {
+		cmd = "init" // the operator may replace or append args: flags alone mean init
+	} else {
+		args = args[1:]
+	}
+	switch cmd {
+	case "init":
+		return runInit(ctx, prog, args, environ, stdout, stderr)
+	case "status":
+		return runStatus(prog, args, environ, stdout, stderr)
+	case "version":
+		fmt.Fprintf(stdout, "driver-agent %s\n", version)
+		return 0
+	case "help":
+		return help(prog, args, stdout, stderr)
+	}
+	fmt.Fprintf(stderr, "%s: unknown command %q\n\n", prog, cmd)
+	usage(stderr, prog)
+	return exitcode.Code(exitcode.ErrUsage)
+}
+
+func usage(w io.Writer, prog string) {
+	fmt.Fprintf(w, `Usage: %[1]s <command> [flags]
+
+Commands:
+  init        install and load the NVIDIA driver, start its daemons, share the driver root, wait for SIGTERM
+  status      print what the running agent is doing (--output json for scripts)
+  version     print the version
+  help        this text; "help init" lists every flag, "help exit-codes" the exit codes
+
+"%[1]s --dry-run" is "%[1]s init --dry-run": decide and print the plan without changing anything.
+Flags without a command mean init.
+`, prog)
+}
+
+func help(prog string, args []string, stdout, stderr io.Writer) int {
+	switch {
+	case len(args) == 0:
+		usage(stdout, prog)
+	case args[0] == "exit-codes":
+		exitcode.WriteTable(stdout)
+	case args[0] == "init":
+		config.Usage(stdout, prog)
+	default:
+		fmt.Fprintf(stderr, "%s: no help for %q\n", prog, args[0])
+		return exitcode.Code(exitcode.ErrUsage)
+	}
+	return 0
+}
+
+// parse parses flags and environment; a returned code >= 0 means stop with it.
+func parse(prog, cmd string, args, environ []string, stderr io.Writer) (*config.Config, int) {
+	cfg, rest, err := config.Parse(prog+" "+cmd, args, environ, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil, 0
+	}
+	if err == nil && len(rest) > 0 {
+		err = fmt.Errorf("%w: unexpected arguments %q", exitcode.ErrUsage, rest)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", prog, err)
+		if errors.Is(err, exitcode.ErrUsage) {
+			config.Usage(stderr, prog)
+		}
+		return nil, exitcode.Code(err)
+	}
+	return cfg, -1
+}
+
+func newLogger(cfg *config.Config, w io.Writer) *slog.Logger {
+	var level slog.Level
+	level.UnmarshalText([]byte(cfg.LogLevel)) // validated by config
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+func runInit(ctx context.Context, prog string, args, environ []string, stdout, stderr io.Writer) int {
+	cfg, code := parse(prog, "init", args, environ, stderr)
+	if cfg == nil {
+		return code
+	}
+	log := newLogger(cfg, stderr).With("node", cfg.NodeName)
+	if err := cfg.ValidateInit(); err != nil {
+		if !cfg.DryRun {
+			fmt.Fprintf(stderr, "%s: %v\n", prog, err)
+			return exitcode.Code(err)
+		}
+		log.Warn("dry run with incomplete configuration; a real run would refuse to start", "error", err)
+	}
+	if _, err := os.ReadDir(cfg.HostRoot); err != nil {
+		log.Warn("host root is unreadable (is the pod hostPID and privileged?); reading host files from the fallback",
+			"host_root", cfg.HostRoot, "fallback", cfg.HostRootFallback, "error", err)
+		cfg.HostRoot = cfg.HostRootFallback
+	}
+	a := &agent.Agent{Config: cfg, Log: log, Out: stdout}
+	if cfg.DryRun {
+		a.Recorder = &host.Recorder{}
+		a.Host = host.DryRun(cfg.Roots, a.Recorder)
+	} else {
+		a.Host = host.Real(cfg.Roots)
+	}
+	err := a.Run(ctx)
+	if !cfg.DryRun {
+		agent.WriteTerminationLog(cfg.TerminationLog, err)
+	}
+	if err != nil {
+		log.Error("driver-agent stopped with an error", "exit_code", exitcode.Code(err), "error", err)
+	}
+	return exitcode.Code(err)
+}
+
+func runStatus(prog string, args, environ []string, stdout, stderr io.Writer) int {
+	cfg, code := parse(prog, "status", args, environ, stderr)
+	if cfg == nil {
+		return code
+	}
+	s, err := status.Read(status.Paths{Run: cfg.Run})
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", prog, err)
+		return 1
+	}
+	if cfg.Output == "json" {
+		return writeJSON(stdout, s)
+	}
+	fmt.Fprint(stdout, status.Format(s))
+	return 0
+}

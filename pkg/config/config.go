@@ -1,0 +1,301 @@
+// Package config turns flags and environment variables into one validated Config. Every flag has
+// an environment variable: DRIVER_AGENT_<FLAG> for the agent's own settings, and the gpu-operator's
+// names (DRIVER_VERSION, KERNEL_MODULE_TYPE, ...) for the settings the operator already passes.
+// A command-line flag wins over its environment variable, which wins over the default.
+package config
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/driver-agent/driver-agent/pkg/exitcode"
+	"github.com/driver-agent/driver-agent/pkg/host"
+)
+
+// Config is the agent's whole configuration.
+type Config struct {
+	host.Roots
+	HostRootFallback string // used when HostRoot is unreadable
+
+	DryRun         bool
+	Output         string // text or json (dry-run plan, status)
+	LogFormat      string // text or json
+	LogLevel       string // debug, info, warn, error
+	TerminationLog string
+
+	ShutdownTimeout   time.Duration
+	DaemonStopTimeout time.Duration
+	Modules           string // auto, load, host
+	LoadDRM           bool
+	PersistencedArgs  []string
+
+	DriverVersion    string
+	DriverBranch     int
+	KernelModuleType string // auto, open, proprietary
+	ConfigDigest     string
+	RDMA             bool
+	HostMOFED        bool
+	MaxThreads       int // 0: chosen from the machine
+	NodeName         string
+	NVFM             map[string]string // NVFM_CONFIG_<KEY>=value overrides for fabricmanager.cfg
+}
+
+// Option describes one flag and its environment variable.
+type Option struct {
+	Flag    string
+	Env     string
+	Default string
+	Usage   string
+	Bool    bool
+	set     func(c *Config, v string) error
+}
+
+var (
+	versionRE = regexp.MustCompile(`^[0-9]+\.[0-9]+(\.[0-9]+)?$`)
+	nvfmKeyRE = regexp.MustCompile(`^[A-Z0-9_]+$`)
+)
+
+func agentEnv(flag string) string {
+	return "DRIVER_AGENT_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+}
+
+// Options lists every option, in the order the help text and the README show them.
+func Options() []Option {
+	str := func(dst func(*Config) *string) func(*Config, string) error {
+		return func(c *Config, v string) error { *dst(c) = v; return nil }
+	}
+	path := func(dst func(*Config) *string) func(*Config, string) error {
+		return func(c *Config, v string) error {
+			if !strings.HasPrefix(v, "/") {
+				return errors.New("want an absolute path")
+			}
+			*dst(c) = v
+			return nil
+		}
+	}
+	oneOf := func(dst func(*Config) *string, allowed ...string) func(*Config, string) error {
+		return func(c *Config, v string) error {
+			for _, a := range allowed {
+				if v == a {
+					*dst(c) = v
+					return nil
+				}
+			}
+			return fmt.Errorf("want one of %s", strings.Join(allowed, ", "))
+		}
+	}
+	boolean := func(dst func(*Config) *bool) func(*Config, string) error {
+		return func(c *Config, v string) error {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return errors.New("want true or false")
+			}
+			*dst(c) = b
+			return nil
+		}
+	}
+	duration := func(dst func(*Config) *time.Duration, min, max time.Duration) func(*Config, string) error {
+		return func(c *Config, v string) error {
+			d, err := time.ParseDuration(v)
+			if err != nil || d < min || d > max {
+				return fmt.Errorf("want a duration from %s to %s, such as 25s", min, max)
+			}
+			*dst(c) = d
+			return nil
+		}
+	}
+	ag := func(o Option) Option { o.Env = agentEnv(o.Flag); return o }
+	return []Option{
+		ag(Option{Flag: "root", Default: "/", Usage: "the container's root filesystem", set: path(func(c *Config) *string { return &c.Root })}),
+		ag(Option{Flag: "host-root", Default: "/proc/1/root", Usage: "the host's root filesystem (falls back to --host-root-fallback with a warning when unreadable)", set: path(func(c *Config) *string { return &c.HostRoot })}),
+		ag(Option{Flag: "host-root-fallback", Default: "/", Usage: "host root to use when --host-root is unreadable", set: path(func(c *Config) *string { return &c.HostRootFallback })}),
+		ag(Option{Flag: "proc", Default: "/proc", Usage: "procfs mount", set: path(func(c *Config) *string { return &c.Proc })}),
+		ag(Option{Flag: "sys", Default: "/sys", Usage: "sysfs mount", set: path(func(c *Config) *string { return &c.Sys })}),
+		ag(Option{Flag: "dev", Default: "/dev", Usage: "device directory", set: path(func(c *Config) *string { return &c.Dev })}),
+		ag(Option{Flag: "run", Default: "/run", Usage: "run directory shared with the host (holds nvidia/)", set: path(func(c *Config) *string { return &c.Run })}),
+		ag(Option{Flag: "drivers-dir", Default: "/drivers", Usage: "directory of <module>.conf parameter files", set: path(func(c *Config) *string { return &c.DriversDir })}),
+		ag(Option{Flag: "dry-run", Default: "false", Bool: true, Usage: "decide and print the plan; change nothing", set: boolean(func(c *Config) *bool { return &c.DryRun })}),
+		ag(Option{Flag: "output", Default: "text", Usage: "plan and status format: text or json", set: oneOf(func(c *Config) *string { return &c.Output }, "text", "json")}),
+		ag(Option{Flag: "log-format", Default: "text", Usage: "log format: text or json", set: oneOf(func(c *Config) *string { return &c.LogFormat }, "text", "json")}),
+		ag(Option{Flag: "log-level", Default: "info", Usage: "log level: debug, info, warn or error", set: oneOf(func(c *Config) *string { return &c.LogLevel }, "debug", "info", "warn", "error")}),
+		ag(Option{Flag: "termination-log", Default: "/dev/termination-log", Usage: "file that receives a one-line exit cause when it exists and is writable", set: path(func(c *Config) *string { return &c.TerminationLog })}),
+		ag(Option{Flag: "shutdown-timeout", Default: "25s", Usage: "deadline for the whole teardown after a signal (keep it under the pod's grace period)", set: duration(func(c *Config) *time.Duration { return &c.ShutdownTimeout }, time.Second, 10*time.Minute)}),
+		ag(Option{Flag: "daemon-stop-timeout", Default: "5s", Usage: "time a daemon gets after SIGTERM before SIGKILL", set: duration(func(c *Config) *time.Duration { return &c.DaemonStopTimeout }, 100*time.Millisecond, 5*time.Minute)}),
+		ag(Option{Flag: "modules", Default: "auto", Usage: "who owns the kernel modules: auto, load (this agent) or host (never load or unload)", set: oneOf(func(c *Config) *string { return &c.Modules }, "auto", "load", "host")}),
+		ag(Option{Flag: "load-drm", Default: "false", Bool: true, Usage: "also load nvidia-drm", set: boolean(func(c *Config) *bool { return &c.LoadDRM })}),
+		ag(Option{Flag: "persistenced-args", Default: "--persistence-mode", Usage: "arguments for nvidia-persistenced", set: func(c *Config, v string) error {
+			if strings.ContainsFunc(v, unicode.IsControl) {
+				return errors.New("want arguments without control characters")
+			}
+			c.PersistencedArgs = strings.Fields(v)
+			return nil
+		}}),
+		{Flag: "driver-version", Env: "DRIVER_VERSION", Usage: "NVIDIA driver version, e.g. 580.95.05 (required for init)", set: func(c *Config, v string) error {
+			if v != "" && !versionRE.MatchString(v) {
+				return errors.New("want a driver version such as 580.95.05")
+			}
+			c.DriverVersion = v
+			return nil
+		}},
+		{Flag: "driver-branch", Env: "DRIVER_BRANCH", Usage: "driver branch, e.g. 580 (default: the major number of the driver version)", set: func(c *Config, v string) error {
+			if v == "" {
+				return nil
+			}
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > 9999 {
+				return errors.New("want a branch number such as 580")
+			}
+			c.DriverBranch = n
+			return nil
+		}},
+		{Flag: "kernel-module-type", Env: "KERNEL_MODULE_TYPE", Default: "auto", Usage: "kernel module flavour: auto, open or proprietary", set: oneOf(func(c *Config) *string { return &c.KernelModuleType }, "auto", "open", "proprietary")},
+		{Flag: "driver-config-digest", Env: "DRIVER_CONFIG_DIGEST", Usage: "the operator's digest of the driver configuration; equal digests keep loaded modules", set: func(c *Config, v string) error {
+			if strings.ContainsFunc(v, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) || len(v) > 256 {
+				return errors.New("want at most 256 characters without spaces or control characters")
+			}
+			c.ConfigDigest = v
+			return nil
+		}},
+		{Flag: "gpu-direct-rdma", Env: "GPU_DIRECT_RDMA_ENABLED", Default: "false", Bool: true, Usage: "load nvidia-peermem when a Mellanox device exists", set: boolean(func(c *Config) *bool { return &c.RDMA })},
+		{Flag: "use-host-mofed", Env: "USE_HOST_MOFED", Default: "false", Bool: true, Usage: "MOFED is installed on the host rather than by the network operator", set: boolean(func(c *Config) *bool { return &c.HostMOFED })},
+		{Flag: "max-threads", Env: "MAX_THREADS", Usage: "parallel build jobs, 1-1024 (default: from CPUs and memory)", set: func(c *Config, v string) error {
+			if v == "" {
+				return nil
+			}
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > 1024 {
+				return errors.New("want a whole number from 1 to 1024")
+			}
+			c.MaxThreads = n
+			return nil
+		}},
+		{Flag: "node-name", Env: "NODE_NAME", Usage: "the Kubernetes node name (for logs and metrics)", set: str(func(c *Config) *string { return &c.NodeName })},
+	}
+}
+
+// value is a flag.Value that only remembers the raw text; conversion happens in Load so that
+// flags and environment variables get the same checks and the same messages.
+type value struct {
+	text   string
+	set    bool
+	isBool bool
+}
+
+func (v *value) String() string     { return v.text }
+func (v *value) Set(s string) error { v.text, v.set = s, true; return nil }
+func (v *value) IsBoolFlag() bool   { return v.isBool }
+
+// Parse parses args (after the subcommand) and environ (os.Environ's form) into a Config. A malformed
+// command line returns an error wrapping exitcode.ErrUsage; bad values wrap exitcode.ErrConfig
+// with one line per problem naming the flag or variable, the value and what is allowed.
+func Parse(name string, args []string, environ []string, stderr io.Writer) (*Config, []string, error) {
+	env := map[string]string{}
+	for _, kv := range environ {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			env[k] = v
+		}
+	}
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	opts := Options()
+	vals := make([]*value, len(opts))
+	for i, o := range opts {
+		vals[i] = &value{isBool: o.Bool}
+		fs.Var(vals[i], o.Flag, o.Usage+" ["+o.Env+"]")
+	}
+	fs.Usage = func() { Usage(stderr, name) }
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, nil, err
+		}
+		return nil, nil, fmt.Errorf("%w: %w", exitcode.ErrUsage, err)
+	}
+	c := &Config{}
+	var errs []error
+	for i, o := range opts {
+		text, from := o.Default, "default of --"+o.Flag
+		if v := env[o.Env]; v != "" {
+			text, from = v, o.Env
+		}
+		if vals[i].set {
+			text, from = vals[i].text, "--"+o.Flag
+		}
+		if err := o.set(c, text); err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: %w", from, text, err))
+		}
+	}
+	nvfm, err := nvfmFromEnv(env)
+	errs = append(errs, err)
+	c.NVFM = nvfm
+	if err := errors.Join(errs...); err != nil {
+		return nil, nil, fmt.Errorf("%w:\n%w", exitcode.ErrConfig, err)
+	}
+	return c, fs.Args(), nil
+}
+
+// nvfmFromEnv collects NVFM_CONFIG_<KEY>=value overrides.
+func nvfmFromEnv(env map[string]string) (map[string]string, error) {
+	out := map[string]string{}
+	names := make([]string, 0, len(env))
+	for name := range env {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	var errs []error
+	for _, name := range names {
+		key, ok := strings.CutPrefix(name, "NVFM_CONFIG_")
+		if !ok {
+			continue
+		}
+		val := env[name]
+		switch {
+		case !nvfmKeyRE.MatchString(key):
+			errs = append(errs, fmt.Errorf("%s: the fabric manager key %q must match [A-Z0-9_]+", name, key))
+		case strings.ContainsAny(val, "\n\r\x00"):
+			errs = append(errs, fmt.Errorf("%s=%q: want a single-line value", name, val))
+		default:
+			out[key] = val
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// ValidateInit checks what `init` needs beyond well-formed values, before any side effect.
+func (c *Config) ValidateInit() error {
+	var errs []error
+	if c.DriverVersion == "" {
+		errs = append(errs, errors.New(`DRIVER_VERSION="": required; set it to the driver version in the image, e.g. 580.95.05`))
+	} else {
+		major, _ := strconv.Atoi(strings.SplitN(c.DriverVersion, ".", 2)[0])
+		if c.DriverBranch == 0 {
+			c.DriverBranch = major
+		} else if c.DriverBranch != major {
+			errs = append(errs, fmt.Errorf("DRIVER_BRANCH=%q: does not match DRIVER_VERSION=%q; want %d or unset", strconv.Itoa(c.DriverBranch), c.DriverVersion, major))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%w:\n%w", exitcode.ErrConfig, err)
+	}
+	return nil
+}
+
+// Usage writes the flag reference.
+func Usage(w io.Writer, name string) {
+	fmt.Fprintf(w, "Usage: %s init [flags]\n\nFlags (each also read from the environment variable in brackets):\n", name)
+	for _, o := range Options() {
+		def := ""
+		if o.Default != "" {
+			def = " (default " + o.Default + ")"
+		}
+		fmt.Fprintf(w, "  --%s\t%s%s [%s]\n", o.Flag, o.Usage, def, o.Env)
+	}
+	fmt.Fprintf(w, "  NVFM_CONFIG_<KEY>=value\tset KEY=value in the fabric manager configuration\n")
+}

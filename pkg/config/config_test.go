@@ -1,0 +1,120 @@
+package config
+
+import (
+	"errors"
+	"flag"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/driver-agent/driver-agent/pkg/exitcode"
+)
+
+func TestDefaultsAndPrecedence(t *testing.T) {
+	t.Parallel()
+	c, rest, err := Parse("t", []string{"--log-level", "debug", "--dry-run", "extra"}, []string{"DRIVER_AGENT_LOG_LEVEL=warn", "DRIVER_AGENT_RUN=/host/run", "DRIVER_VERSION=580.95.05", "GPU_DIRECT_RDMA_ENABLED=true", "MAX_THREADS=8", "NVFM_CONFIG_FABRIC_MODE=1"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.LogLevel != "debug" || c.Run != "/host/run" || c.Proc != "/proc" || c.HostRoot != "/proc/1/root" || !c.DryRun {
+		t.Errorf("flag > env > default broken: %+v", c)
+	}
+	if c.DriverVersion != "580.95.05" || !c.RDMA || c.MaxThreads != 8 || c.NVFM["FABRIC_MODE"] != "1" || c.ShutdownTimeout != 25*time.Second {
+		t.Errorf("operator settings: %+v", c)
+	}
+	if len(rest) != 1 || rest[0] != "extra" {
+		t.Errorf("rest = %v", rest)
+	}
+	if err := c.ValidateInit(); err != nil || c.DriverBranch != 580 {
+		t.Errorf("ValidateInit = %v, branch %d", err, c.DriverBranch)
+	}
+}
+
+// TestEveryValidationError checks that each bad value gets one line naming the variable, the
+// value and what is allowed, and that all problems are reported at once.
+func TestEveryValidationError(t *testing.T) {
+	t.Parallel()
+	cases := []struct{ env, want string }{
+		{"DRIVER_AGENT_ROOT=relative", `DRIVER_AGENT_ROOT="relative": want an absolute path`},
+		{"DRIVER_AGENT_HOST_ROOT=x", `DRIVER_AGENT_HOST_ROOT="x": want an absolute path`},
+		{"DRIVER_AGENT_HOST_ROOT_FALLBACK=x", `DRIVER_AGENT_HOST_ROOT_FALLBACK="x": want an absolute path`},
+		{"DRIVER_AGENT_PROC=proc", `DRIVER_AGENT_PROC="proc": want an absolute path`},
+		{"DRIVER_AGENT_SYS=sys", `DRIVER_AGENT_SYS="sys": want an absolute path`},
+		{"DRIVER_AGENT_DEV=dev", `DRIVER_AGENT_DEV="dev": want an absolute path`},
+		{"DRIVER_AGENT_RUN=run", `DRIVER_AGENT_RUN="run": want an absolute path`},
+		{"DRIVER_AGENT_DRIVERS_DIR=d", `DRIVER_AGENT_DRIVERS_DIR="d": want an absolute path`},
+		{"DRIVER_AGENT_DRY_RUN=maybe", `DRIVER_AGENT_DRY_RUN="maybe": want true or false`},
+		{"DRIVER_AGENT_OUTPUT=yaml", `DRIVER_AGENT_OUTPUT="yaml": want one of text, json`},
+		{"DRIVER_AGENT_LOG_FORMAT=xml", `DRIVER_AGENT_LOG_FORMAT="xml": want one of text, json`},
+		{"DRIVER_AGENT_LOG_LEVEL=loud", `DRIVER_AGENT_LOG_LEVEL="loud": want one of debug, info, warn, error`},
+		{"DRIVER_AGENT_TERMINATION_LOG=t", `DRIVER_AGENT_TERMINATION_LOG="t": want an absolute path`},
+		{"DRIVER_AGENT_SHUTDOWN_TIMEOUT=forever", `DRIVER_AGENT_SHUTDOWN_TIMEOUT="forever": want a duration from 1s to 10m0s`},
+		{"DRIVER_AGENT_DAEMON_STOP_TIMEOUT=1ms", `DRIVER_AGENT_DAEMON_STOP_TIMEOUT="1ms": want a duration from 100ms to 5m0s`},
+		{"DRIVER_AGENT_MODULES=kernel", `DRIVER_AGENT_MODULES="kernel": want one of auto, load, host`},
+		{"DRIVER_AGENT_LOAD_DRM=yes", `DRIVER_AGENT_LOAD_DRM="yes": want true or false`},
+		{"DRIVER_AGENT_PERSISTENCED_ARGS=a\x01b", `DRIVER_AGENT_PERSISTENCED_ARGS="a\x01b": want arguments without control characters`},
+		{"DRIVER_VERSION=latest", `DRIVER_VERSION="latest": want a driver version such as 580.95.05`},
+		{"DRIVER_BRANCH=r580", `DRIVER_BRANCH="r580": want a branch number such as 580`},
+		{"KERNEL_MODULE_TYPE=closed", `KERNEL_MODULE_TYPE="closed": want one of auto, open, proprietary`},
+		{"DRIVER_CONFIG_DIGEST=a b", `DRIVER_CONFIG_DIGEST="a b": want at most 256 characters without spaces or control characters`},
+		{"GPU_DIRECT_RDMA_ENABLED=on", `GPU_DIRECT_RDMA_ENABLED="on": want true or false`},
+		{"USE_HOST_MOFED=1x", `USE_HOST_MOFED="1x": want true or false`},
+		{"MAX_THREADS=0", `MAX_THREADS="0": want a whole number from 1 to 1024`},
+		{"NVFM_CONFIG_fabric_mode=1", `NVFM_CONFIG_fabric_mode: the fabric manager key "fabric_mode" must match [A-Z0-9_]+`},
+		{"NVFM_CONFIG_LOG_FILE_NAME=a\nb", `NVFM_CONFIG_LOG_FILE_NAME="a\nb": want a single-line value`},
+	}
+	covered := map[string]bool{}
+	var all []string
+	for _, c := range cases {
+		all = append(all, c.env)
+		covered[strings.SplitN(c.env, "=", 2)[0]] = true
+		_, _, err := Parse("t", nil, []string{c.env}, io.Discard)
+		if !errors.Is(err, exitcode.ErrConfig) {
+			t.Errorf("%q: error %v is not a config error", c.env, err)
+			continue
+		}
+		if !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: error\n%v\ndoes not contain\n%s", c.env, err, c.want)
+		}
+	}
+	for _, o := range Options() {
+		if !covered[o.Env] && o.Env != "NODE_NAME" {
+			t.Errorf("no validation case for %s", o.Env)
+		}
+	}
+	_, _, err := Parse("t", nil, all, io.Discard)
+	if n := strings.Count(err.Error(), "\n"); n != len(cases) {
+		t.Errorf("all bad values at once: %d lines, want %d:\n%v", n, len(cases), err)
+	}
+	// The command line gets the same checks and names the flag.
+	_, _, err = Parse("t", []string{"--max-threads", "-3"}, nil, io.Discard)
+	if !errors.Is(err, exitcode.ErrConfig) || !strings.Contains(err.Error(), `--max-threads="-3"`) {
+		t.Errorf("flag value error = %v", err)
+	}
+}
+
+func TestValidateInit(t *testing.T) {
+	t.Parallel()
+	c, _, _ := Parse("t", nil, nil, io.Discard)
+	if err := c.ValidateInit(); !errors.Is(err, exitcode.ErrConfig) || !strings.Contains(err.Error(), `DRIVER_VERSION="": required`) {
+		t.Errorf("missing version: %v", err)
+	}
+	c, _, _ = Parse("t", nil, []string{"DRIVER_VERSION=535.309.01", "DRIVER_BRANCH=580"}, io.Discard)
+	if err := c.ValidateInit(); err == nil || !strings.Contains(err.Error(), `DRIVER_BRANCH="580": does not match DRIVER_VERSION="535.309.01"`) {
+		t.Errorf("branch mismatch: %v", err)
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	t.Parallel()
+	_, _, err := Parse("t", []string{"--no-such-flag"}, nil, io.Discard)
+	if !errors.Is(err, exitcode.ErrUsage) {
+		t.Errorf("unknown flag: %v", err)
+	}
+	var help strings.Builder
+	_, _, err = Parse("t", []string{"--help"}, nil, &help)
+	if !errors.Is(err, flag.ErrHelp) || !strings.Contains(help.String(), "[DRIVER_VERSION]") {
+		t.Errorf("help: %v\n%s", err, help.String())
+	}
+}

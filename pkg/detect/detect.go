@@ -1,0 +1,285 @@
+// Package detect gathers the read-only facts the agent decides on: the running kernel, the host
+// operating system (and, on Flatcar, its version, board and channel), NVIDIA GPUs, NVSwitches,
+// Mellanox devices, NVLink5 switch trays, and the kernel modules already loaded.
+package detect
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/driver-agent/driver-agent/pkg/host"
+	"github.com/driver-agent/driver-agent/pkg/kernel"
+	"github.com/driver-agent/driver-agent/pkg/osrelease"
+)
+
+// PCI vendor IDs.
+const (
+	VendorNVIDIA   = 0x10de
+	VendorMellanox = 0x15b3
+)
+
+// Facts is everything detection found.
+type Facts struct {
+	KernelRelease string            `json:"kernelRelease"`
+	Banner        string            `json:"banner"`
+	OS            OS                `json:"os"`
+	Flatcar       *Flatcar          `json:"flatcar,omitempty"`
+	GPUs          []PCIDevice       `json:"gpus"`
+	NVSwitches    []PCIDevice       `json:"nvswitches"`
+	Mellanox      []PCIDevice       `json:"mellanox"`
+	NVLink5       bool              `json:"nvlink5"`
+	NVSwitchProc  int               `json:"nvswitchProcDevices"`  // entries in <proc>/driver/nvidia-nvswitch/devices
+	Modules       map[string]Loaded `json:"modules"`              // loaded modules by kernel name
+	HostDriver    string            `json:"hostDriver,omitempty"` // why the host manages the driver modules, if it does
+	Warnings      []string          `json:"warnings,omitempty"`
+}
+
+// OS identifies the host operating system.
+type OS struct {
+	ID         string `json:"id"`
+	VersionID  string `json:"versionID"`
+	PrettyName string `json:"prettyName,omitempty"`
+	Source     string `json:"source"` // the file it was read from
+}
+
+// Flatcar is what a Flatcar host says about its release.
+type Flatcar struct {
+	Version       string `json:"version"`
+	Board         string `json:"board"`
+	Channel       string `json:"channel"`
+	ChannelSource string `json:"channelSource"` // the update.conf it came from, or "version"
+}
+
+// PCIDevice is one PCI function from sysfs.
+type PCIDevice struct {
+	Address string `json:"address"`
+	Vendor  uint16 `json:"vendor"`
+	Device  uint16 `json:"device"`
+	Class   uint32 `json:"class"`
+}
+
+// Loaded is a loaded kernel module.
+type Loaded struct {
+	Version string   `json:"version,omitempty"`
+	RefCnt  int      `json:"refcnt"`
+	UsedBy  []string `json:"usedBy,omitempty"`
+}
+
+// IsGPU reports whether d is an NVIDIA display controller (VGA 0x0300 or 3D 0x0302).
+func (d PCIDevice) IsGPU() bool {
+	return d.Vendor == VendorNVIDIA && (d.Class>>8 == 0x0300 || d.Class>>8 == 0x0302)
+}
+
+// IsNVSwitch reports whether d is an NVIDIA NVSwitch (bridge, "other" subclass 0x0680).
+func (d PCIDevice) IsNVSwitch() bool { return d.Vendor == VendorNVIDIA && d.Class>>8 == 0x0680 }
+
+// Detect reads the facts under r. Only a missing kernel identity is an error; everything else
+// that cannot be read becomes a warning, because a dry run on an odd machine must still work.
+func Detect(r host.Roots) (Facts, error) {
+	var f Facts
+	var err error
+	if f.KernelRelease, err = kernel.Release(r.Proc); err != nil {
+		return f, err
+	}
+	if f.Banner, err = kernel.Banner(r.Proc); err != nil {
+		return f, err
+	}
+	warn := func(format string, args ...any) { f.Warnings = append(f.Warnings, fmt.Sprintf(format, args...)) }
+
+	if f.OS, err = readOS(r); err != nil {
+		warn("host OS unknown: %v", err)
+	}
+	if f.OS.ID == "flatcar" {
+		f.Flatcar = readFlatcar(r, f.OS)
+	}
+	devs, err := PCIDevices(r.Sys)
+	if err != nil {
+		warn("PCI devices unreadable: %v", err)
+	}
+	for _, d := range devs {
+		switch {
+		case d.IsGPU():
+			f.GPUs = append(f.GPUs, d)
+		case d.IsNVSwitch():
+			f.NVSwitches = append(f.NVSwitches, d)
+		case d.Vendor == VendorMellanox:
+			f.Mellanox = append(f.Mellanox, d)
+		}
+	}
+	if f.NVLink5, err = nvlink5(r.Sys); err != nil {
+		warn("infiniband VPD unreadable: %v", err)
+	}
+	if entries, err := os.ReadDir(r.InProc("driver/nvidia-nvswitch/devices")); err == nil {
+		f.NVSwitchProc = len(entries)
+	}
+	f.Modules = map[string]Loaded{}
+	mods, err := kernel.Loaded(r.Proc)
+	if err != nil {
+		warn("loaded modules unknown: %v", err)
+	}
+	for _, m := range mods {
+		l := Loaded{RefCnt: m.RefCnt, UsedBy: m.UsedBy}
+		if sm, err := kernel.ReadSysModule(r.Sys, m.Name); err == nil {
+			l.Version = sm.Version
+		}
+		f.Modules[m.Name] = l
+	}
+	f.HostDriver = hostManaged(r, f.OS)
+	return f, nil
+}
+
+func readOS(r host.Roots) (OS, error) {
+	var errs []error
+	for _, p := range []string{r.InRoot("host-etc/os-release"), r.InHost("etc/os-release"), r.InHost("usr/lib/os-release")} {
+		vars, err := readVars(p)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		return OS{ID: vars["ID"], VersionID: vars["VERSION_ID"], PrettyName: vars["PRETTY_NAME"], Source: p}, nil
+	}
+	return OS{ID: "unknown"}, errors.Join(errs...)
+}
+
+func readVars(path string) (map[string]string, error) {
+	data, err := kernel.ReadSmall(path)
+	if err != nil {
+		return nil, err
+	}
+	vars, err := osrelease.Parse(bytes.NewReader(data))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return vars, nil
+}
+
+func readFlatcar(r host.Roots, o OS) *Flatcar {
+	fc := &Flatcar{Version: o.VersionID}
+	if vars, err := readVars(o.Source); err == nil {
+		fc.Board = vars["FLATCAR_BOARD"]
+	}
+	if fc.Board == "" {
+		if vars, err := readVars(r.InHost("usr/share/flatcar/release")); err == nil {
+			fc.Board = vars["FLATCAR_RELEASE_BOARD"]
+		}
+	}
+	if fc.Board == "" {
+		fc.Board = runtime.GOARCH + "-usr"
+	}
+	for _, p := range []string{r.InHost("etc/flatcar/update.conf"), r.InHost("usr/share/flatcar/update.conf")} {
+		if vars, err := readVars(p); err == nil && vars["GROUP"] != "" {
+			fc.Channel, fc.ChannelSource = strings.ToLower(vars["GROUP"]), p
+			return fc
+		}
+	}
+	fc.Channel, fc.ChannelSource = ChannelFromVersion(fc.Version), "version"
+	return fc
+}
+
+// ChannelFromVersion maps a Flatcar version's minor number to its channel: 0 alpha, 1 beta,
+// 2 stable, 3 lts. It returns "" when the version does not say.
+func ChannelFromVersion(v string) string {
+	parts := strings.Split(v, ".")
+	if len(parts) < 2 {
+		return ""
+	}
+	switch parts[1] {
+	case "0":
+		return "alpha"
+	case "1":
+		return "beta"
+	case "2":
+		return "stable"
+	case "3":
+		return "lts"
+	}
+	return ""
+}
+
+// PCIDevices lists <sys>/bus/pci/devices, sorted by address.
+func PCIDevices(sys string) ([]PCIDevice, error) {
+	dir := filepath.Join(sys, "bus/pci/devices")
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var devs []PCIDevice
+	var errs []error
+	for _, e := range entries {
+		d := PCIDevice{Address: e.Name()}
+		vendor, err1 := readHex(filepath.Join(dir, e.Name(), "vendor"), 16)
+		device, err2 := readHex(filepath.Join(dir, e.Name(), "device"), 16)
+		class, err3 := readHex(filepath.Join(dir, e.Name(), "class"), 24)
+		if err := errors.Join(err1, err2, err3); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		d.Vendor, d.Device, d.Class = uint16(vendor), uint16(device), uint32(class)
+		devs = append(devs, d)
+	}
+	sort.Slice(devs, func(i, j int) bool { return devs[i].Address < devs[j].Address })
+	return devs, errors.Join(errs...)
+}
+
+func readHex(path string, bits int) (uint64, error) {
+	data, err := kernel.ReadSmall(path)
+	if err != nil {
+		return 0, err
+	}
+	s := strings.TrimPrefix(strings.TrimSpace(string(data)), "0x")
+	v, err := strconv.ParseUint(s, 16, bits)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", path, err)
+	}
+	return v, nil
+}
+
+// nvlink5 reports whether any InfiniBand device's VPD carries SW_MNG, which marks an NVLink5
+// switch tray managed over InfiniBand.
+func nvlink5(sys string) (bool, error) {
+	vpds, _ := filepath.Glob(filepath.Join(sys, "class/infiniband/*/device/vpd"))
+	var errs []error
+	for _, p := range vpds {
+		data, err := kernel.ReadSmall(p)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if bytes.Contains(data, []byte("SW_MNG")) {
+			return true, nil
+		}
+	}
+	return false, errors.Join(errs...)
+}
+
+// hostManaged says why the host, not the agent, owns the NVIDIA modules, or "" when it does not.
+func hostManaged(r host.Roots, o OS) string {
+	if o.ID == "talos" {
+		return "Talos loads kernel modules only from system extensions"
+	}
+	if o.ID != "flatcar" {
+		return ""
+	}
+	if m, _ := filepath.Glob(r.InHost("usr/lib/extension-release.d/extension-release.nvidia-drivers*")); len(m) > 0 {
+		return "the Flatcar NVIDIA driver sysext " + strings.TrimPrefix(filepath.Base(m[0]), "extension-release.") + " is merged"
+	}
+	if data, err := kernel.ReadSmall(r.InHost("etc/flatcar/enabled-sysext.conf")); err == nil {
+		for _, line := range strings.Split(string(data), "\n") {
+			if name := strings.TrimSpace(line); strings.HasPrefix(name, "nvidia-drivers") {
+				return "the Flatcar NVIDIA driver sysext " + name + " is enabled in /etc/flatcar/enabled-sysext.conf"
+			}
+		}
+	}
+	return ""
+}

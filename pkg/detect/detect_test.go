@@ -1,0 +1,96 @@
+package detect
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
+)
+
+func fixture(t *testing.T, name string) Facts {
+	t.Helper()
+	dir := hosttest.UnpackFile(t, filepath.Join("..", "..", "test", "fixtures", name))
+	f, err := Detect(hosttest.Roots(t, dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func TestFlatcarStable(t *testing.T) {
+	t.Parallel()
+	f := fixture(t, "flatcar-stable-gpu.txtar")
+	if f.KernelRelease != "6.6.95-flatcar" || f.OS.ID != "flatcar" || f.OS.VersionID != "4230.2.1" {
+		t.Errorf("identity = %q %+v", f.KernelRelease, f.OS)
+	}
+	if f.Flatcar == nil || f.Flatcar.Version != "4230.2.1" || f.Flatcar.Board != "amd64-usr" || f.Flatcar.Channel != "stable" {
+		t.Fatalf("flatcar = %+v", f.Flatcar)
+	}
+	if filepath.Base(f.Flatcar.ChannelSource) != "update.conf" {
+		t.Errorf("channel from %q: it must come from update.conf's GROUP when present", f.Flatcar.ChannelSource)
+	}
+	if len(f.GPUs) != 1 || f.GPUs[0].Address != "0000:3b:00.0" || f.GPUs[0].Device != 0x2330 {
+		t.Errorf("GPUs = %+v", f.GPUs)
+	}
+	if len(f.Mellanox) != 1 || len(f.NVSwitches) != 0 || f.NVLink5 {
+		t.Errorf("mellanox %d, nvswitches %d, nvlink5 %t", len(f.Mellanox), len(f.NVSwitches), f.NVLink5)
+	}
+	if _, ok := f.Modules["kvm"]; !ok || len(f.Modules) != 3 {
+		t.Errorf("modules = %v", f.Modules)
+	}
+	if f.HostDriver != "" || len(f.Warnings) != 0 {
+		t.Errorf("host driver %q, warnings %v", f.HostDriver, f.Warnings)
+	}
+}
+
+func TestFlatcarLTS(t *testing.T) {
+	t.Parallel()
+	f := fixture(t, "flatcar-lts-nvswitch.txtar")
+	if f.Flatcar == nil || f.Flatcar.Channel != "lts" || f.Flatcar.ChannelSource != "version" || f.Flatcar.Board != "arm64-usr" {
+		t.Errorf("flatcar = %+v", f.Flatcar)
+	}
+	if len(f.GPUs) != 1 || len(f.NVSwitches) != 1 || !f.NVLink5 {
+		t.Errorf("gpus %d, nvswitches %d, nvlink5 %t", len(f.GPUs), len(f.NVSwitches), f.NVLink5)
+	}
+}
+
+func TestUbuntuNoGPU(t *testing.T) {
+	t.Parallel()
+	f := fixture(t, "ubuntu-nogpu.txtar")
+	if f.OS.ID != "ubuntu" || f.OS.VersionID != "24.04" || f.Flatcar != nil {
+		t.Errorf("os = %+v, flatcar = %+v", f.OS, f.Flatcar)
+	}
+	if len(f.GPUs) != 0 {
+		t.Errorf("an Intel display controller counted as an NVIDIA GPU: %+v", f.GPUs)
+	}
+	if f.Modules["i2c_core"].RefCnt != 0 {
+		t.Errorf("modules = %+v", f.Modules)
+	}
+}
+
+func TestTalos(t *testing.T) {
+	t.Parallel()
+	f := fixture(t, "talos.txtar")
+	if f.OS.ID != "talos" || f.HostDriver == "" {
+		t.Errorf("os = %+v, host driver %q", f.OS, f.HostDriver)
+	}
+	if f.Modules["nvidia"].Version != "570.148.08" || f.Modules["nvidia"].RefCnt != 1 {
+		t.Errorf("nvidia = %+v", f.Modules["nvidia"])
+	}
+}
+
+func TestChannelFromVersion(t *testing.T) {
+	t.Parallel()
+	for v, want := range map[string]string{"4459.0.0": "alpha", "4426.1.0": "beta", "4230.2.1": "stable", "3510.3.6": "lts", "4230": "", "1.9.0": ""} {
+		if got := ChannelFromVersion(v); got != want {
+			t.Errorf("ChannelFromVersion(%q) = %q, want %q", v, got, want)
+		}
+	}
+}
+
+func TestMissingKernelIsAnError(t *testing.T) {
+	t.Parallel()
+	if _, err := Detect(hosttest.Roots(t, t.TempDir())); err == nil {
+		t.Error("Detect on an empty tree: no error")
+	}
+}

@@ -1,0 +1,62 @@
+package host
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+// OSFiles is the real Files implementation.
+type OSFiles struct{}
+
+// WriteFile implements Files.
+func (OSFiles) WriteFile(path string, data []byte, perm os.FileMode, atomic bool) error {
+	if !atomic {
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, perm)
+		if err != nil {
+			return err
+		}
+		_, werr := f.Write(data)
+		return errors.Join(werr, f.Close())
+	}
+	return WriteAtomic(path, data, perm)
+}
+
+// WriteAtomic writes data to a temporary file beside path, syncs it and renames it over path, so a
+// reader sees either the old or the new content, never a partial one.
+func WriteAtomic(path string, data []byte, perm os.FileMode) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	name := tmp.Name()
+	_, werr := tmp.Write(data)
+	if werr == nil {
+		werr = tmp.Sync()
+	}
+	if werr == nil {
+		werr = tmp.Chmod(perm)
+	}
+	if err := errors.Join(werr, tmp.Close()); err != nil {
+		os.Remove(name)
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := os.Rename(name, path); err != nil {
+		os.Remove(name)
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
+
+// MkdirAll implements Files.
+func (OSFiles) MkdirAll(path string, perm os.FileMode) error { return os.MkdirAll(path, perm) }
+
+// Remove implements Files.
+func (OSFiles) Remove(path string) error {
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,125 @@
+// Package host is the agent's only door to the machine: the filesystem roots every path is resolved
+// under, and the small interfaces through which every side effect (module load and unload, mounts,
+// device nodes, processes, file writes) passes. Each interface has a real Linux implementation, a
+// recording one for --dry-run, and stateful fakes in package hosttest.
+package host
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"syscall"
+)
+
+// Roots are the filesystem roots the agent reads and writes under. Nothing in the agent opens an
+// absolute host path except through these, so a test can point the whole agent at a temporary tree.
+type Roots struct {
+	Root       string // the container's root filesystem ("/")
+	HostRoot   string // the host's root filesystem as seen from the container ("/proc/1/root")
+	Proc       string // procfs ("/proc")
+	Sys        string // sysfs ("/sys")
+	Dev        string // devtmpfs ("/dev")
+	Run        string // the host-shared run directory ("/run")
+	DriversDir string // the operator's configuration directory ("/drivers")
+}
+
+// DefaultRoots are the paths the agent uses in its container.
+func DefaultRoots() Roots {
+	return Roots{Root: "/", HostRoot: "/proc/1/root", Proc: "/proc", Sys: "/sys", Dev: "/dev", Run: "/run", DriversDir: "/drivers"}
+}
+
+// InRoot joins elem under the container root.
+func (r Roots) InRoot(elem ...string) string { return join(r.Root, elem) }
+
+// InHost joins elem under the host root.
+func (r Roots) InHost(elem ...string) string { return join(r.HostRoot, elem) }
+
+// InProc joins elem under procfs.
+func (r Roots) InProc(elem ...string) string { return join(r.Proc, elem) }
+
+// InSys joins elem under sysfs.
+func (r Roots) InSys(elem ...string) string { return join(r.Sys, elem) }
+
+// InDev joins elem under /dev.
+func (r Roots) InDev(elem ...string) string { return join(r.Dev, elem) }
+
+// InRun joins elem under the run directory.
+func (r Roots) InRun(elem ...string) string { return join(r.Run, elem) }
+
+// InDrivers joins elem under the drivers directory.
+func (r Roots) InDrivers(elem ...string) string { return join(r.DriversDir, elem) }
+
+func join(root string, elem []string) string {
+	return filepath.Join(append([]string{root}, elem...)...)
+}
+
+// ModuleImage is one kernel module to load.
+type ModuleImage struct {
+	Name   string // module name as the kernel knows it (underscores), e.g. "nvidia_uvm"
+	Path   string // the file it comes from
+	Data   []byte // decompressed image; nil means Path is a plain .ko loaded by file descriptor
+	Params string // parameter string, e.g. "NVreg_EnableGpuFirmware=0 NVreg_X=1"
+}
+
+// Kernel loads and unloads kernel modules.
+type Kernel interface {
+	// LoadModule loads m with finit_module (plain .ko) or init_module (decompressed Data).
+	LoadModule(m ModuleImage) error
+	// UnloadModule removes the named module without waiting (O_NONBLOCK); EBUSY and EAGAIN
+	// are returned as they are.
+	UnloadModule(name string) error
+}
+
+// Mounter mounts and unmounts filesystems.
+type Mounter interface {
+	Mount(source, target, fstype string, flags uintptr, data string) error
+	Unmount(target string, flags int) error
+}
+
+// Mknoder creates device nodes.
+type Mknoder interface {
+	// Mknod creates a character device node at path with the given permission bits.
+	Mknod(path string, perm os.FileMode, major, minor uint32) error
+}
+
+// Files writes and removes files in the host-visible trees (run, sys, dev, the container root).
+type Files interface {
+	// WriteFile replaces path atomically (temporary file and rename) when atomic is true, and
+	// writes in place otherwise (sysfs attributes cannot be renamed over).
+	WriteFile(path string, data []byte, perm os.FileMode, atomic bool) error
+	// MkdirAll creates path and its parents.
+	MkdirAll(path string, perm os.FileMode) error
+	// Remove removes a file or an empty directory; a missing path is not an error.
+	Remove(path string) error
+}
+
+// Cmd describes a process to start.
+type Cmd struct {
+	Path string   // executable
+	Args []string // arguments after the program name
+	Env  []string // environment; nil inherits the agent's
+	Dir  string
+}
+
+// Process is a started child process.
+type Process interface {
+	Pid() int
+	Signal(sig syscall.Signal) error
+	// Wait waits for the process to exit and returns its exit error (nil for status 0).
+	Wait() error
+}
+
+// Execer starts processes in their own process group.
+type Execer interface {
+	Start(ctx context.Context, c Cmd) (Process, error)
+}
+
+// Host bundles the roots and every side-effect seam the agent uses.
+type Host struct {
+	Roots
+	Kernel  Kernel
+	Mounter Mounter
+	Mknoder Mknoder
+	Files   Files
+	Exec    Execer
+}

@@ -1,0 +1,216 @@
+package hosttest
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/driver-agent/driver-agent/pkg/host"
+)
+
+// FakeModule describes a module the fake kernel can load.
+type FakeModule struct {
+	Version string   // MODULE_VERSION, shown in /sys/module/<name>/version
+	Deps    []string // modules that must be loaded first; they become holders' targets
+	Err     error    // returned by LoadModule instead of loading
+}
+
+// FakeKernel is a stateful host.Kernel. Loading writes <proc>/modules and <sys>/module/<name>/
+// (refcnt, version, holders/, parameters/); unloading refuses while holders or users remain.
+type FakeKernel struct {
+	proc, sys string
+	modules   map[string]FakeModule
+
+	mu     sync.Mutex
+	base   string   // the fixture's own /proc/modules lines
+	loaded []string // load order
+	params map[string]map[string]string
+	users  map[string]int // extra references, like open device files
+	busy   map[string]int // UnloadModule fails with EBUSY this many more times
+	calls  []string
+}
+
+// NewFakeKernel returns a fake kernel over the roots' proc and sys. modules says what can be
+// loaded; unknown names load with no dependencies.
+func NewFakeKernel(r host.Roots, modules map[string]FakeModule) *FakeKernel {
+	base, _ := os.ReadFile(filepath.Join(r.Proc, "modules"))
+	return &FakeKernel{proc: r.Proc, sys: r.Sys, modules: modules, base: string(base),
+		params: map[string]map[string]string{}, users: map[string]int{}, busy: map[string]int{}}
+}
+
+// LoadModule implements host.Kernel.
+func (k *FakeKernel) LoadModule(m host.ModuleImage) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.calls = append(k.calls, "load "+m.Name)
+	spec := k.modules[m.Name]
+	if spec.Err != nil {
+		return spec.Err
+	}
+	if k.isLoaded(m.Name) {
+		return unix.EEXIST
+	}
+	for _, d := range spec.Deps {
+		if !k.isLoaded(d) {
+			return unix.ENOENT // "Unknown symbol"
+		}
+	}
+	params := map[string]string{}
+	for _, f := range strings.Fields(m.Params) {
+		key, val, _ := strings.Cut(f, "=")
+		params[key] = val
+	}
+	k.params[m.Name] = params
+	k.loaded = append(k.loaded, m.Name)
+	return k.sync()
+}
+
+// UnloadModule implements host.Kernel.
+func (k *FakeKernel) UnloadModule(name string) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.calls = append(k.calls, "unload "+name)
+	if !k.isLoaded(name) {
+		return unix.ENOENT
+	}
+	if len(k.holders(name)) > 0 {
+		return unix.EAGAIN
+	}
+	if k.users[name] > 0 {
+		return unix.EBUSY
+	}
+	if k.busy[name] > 0 {
+		k.busy[name]--
+		return unix.EBUSY
+	}
+	k.loaded = removeString(k.loaded, name)
+	delete(k.params, name)
+	if err := os.RemoveAll(filepath.Join(k.sys, "module", name)); err != nil {
+		return err
+	}
+	return k.sync()
+}
+
+// Preload marks modules as loaded before the test starts, as a running node would have them.
+func (k *FakeKernel) Preload(names ...string) error {
+	for _, n := range names {
+		if err := k.LoadModule(host.ModuleImage{Name: n}); err != nil {
+			return fmt.Errorf("preload %s: %w", n, err)
+		}
+	}
+	k.mu.Lock()
+	k.calls = nil
+	k.mu.Unlock()
+	return nil
+}
+
+// Use adds (n > 0) or drops (n < 0) references on name, like a process opening /dev/nvidia0.
+func (k *FakeKernel) Use(name string, n int) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.users[name] += n
+	k.sync()
+}
+
+// BusyFor makes the next n unloads of name fail with EBUSY.
+func (k *FakeKernel) BusyFor(name string, n int) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.busy[name] = n
+}
+
+// Loaded returns the loaded modules in load order.
+func (k *FakeKernel) Loaded() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return append([]string(nil), k.loaded...)
+}
+
+// Calls returns every load and unload call, in order.
+func (k *FakeKernel) Calls() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return append([]string(nil), k.calls...)
+}
+
+func (k *FakeKernel) isLoaded(name string) bool {
+	for _, l := range k.loaded {
+		if l == name {
+			return true
+		}
+	}
+	return false
+}
+
+// holders lists the loaded modules that depend on name.
+func (k *FakeKernel) holders(name string) []string {
+	var hs []string
+	for _, l := range k.loaded {
+		for _, d := range k.modules[l].Deps {
+			if d == name {
+				hs = append(hs, l)
+			}
+		}
+	}
+	sort.Strings(hs)
+	return hs
+}
+
+// sync rewrites <proc>/modules and <sys>/module/* from the state.
+func (k *FakeKernel) sync() error {
+	var b strings.Builder
+	b.WriteString(k.base)
+	for i := len(k.loaded) - 1; i >= 0; i-- { // the kernel lists the newest first
+		name := k.loaded[i]
+		hs := k.holders(name)
+		used := "-"
+		if len(hs) > 0 {
+			used = strings.Join(hs, ",") + ","
+		}
+		fmt.Fprintf(&b, "%s 16384 %d %s Live 0x0000000000000000 (OE)\n", name, len(hs)+k.users[name], used)
+		dir := filepath.Join(k.sys, "module", name)
+		if err := os.MkdirAll(filepath.Join(dir, "holders"), 0o755); err != nil {
+			return err
+		}
+		entries, _ := os.ReadDir(filepath.Join(dir, "holders"))
+		for _, e := range entries {
+			os.Remove(filepath.Join(dir, "holders", e.Name()))
+		}
+		for _, h := range hs {
+			if err := os.Symlink("../../"+h, filepath.Join(dir, "holders", h)); err != nil {
+				return err
+			}
+		}
+		files := map[string]string{"refcnt": fmt.Sprintf("%d\n", len(hs)+k.users[name])}
+		if v := k.modules[name].Version; v != "" {
+			files["version"] = v + "\n"
+		}
+		for key, val := range k.params[name] {
+			files["parameters/"+key] = val + "\n"
+		}
+		for p, c := range files {
+			if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, p)), 0o755); err != nil {
+				return err
+			}
+			if err := os.WriteFile(filepath.Join(dir, p), []byte(c), 0o644); err != nil {
+				return err
+			}
+		}
+	}
+	return os.WriteFile(filepath.Join(k.proc, "modules"), []byte(b.String()), 0o644)
+}
+
+func removeString(list []string, s string) []string {
+	out := list[:0]
+	for _, v := range list {
+		if v != s {
+			out = append(out, v)
+		}
+	}
+	return out
+}

@@ -1,0 +1,82 @@
+package host
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Real returns the Host that acts on the running machine.
+func Real(r Roots) Host {
+	return Host{Roots: r, Kernel: LinuxKernel{}, Mounter: LinuxMounter{}, Mknoder: LinuxMknoder{}, Files: OSFiles{}, Exec: OSExec{}}
+}
+
+// LinuxKernel loads modules with finit_module/init_module and removes them with delete_module.
+type LinuxKernel struct{}
+
+// LoadModule implements Kernel.
+func (LinuxKernel) LoadModule(m ModuleImage) error {
+	if m.Data != nil {
+		return unix.InitModule(m.Data, m.Params)
+	}
+	f, err := os.Open(m.Path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return unix.FinitModule(int(f.Fd()), m.Params, 0)
+}
+
+// UnloadModule implements Kernel.
+func (LinuxKernel) UnloadModule(name string) error {
+	return unix.DeleteModule(name, unix.O_NONBLOCK)
+}
+
+// LinuxMounter calls mount(2) and umount2(2).
+type LinuxMounter struct{}
+
+// Mount implements Mounter.
+func (LinuxMounter) Mount(source, target, fstype string, flags uintptr, data string) error {
+	return unix.Mount(source, target, fstype, flags, data)
+}
+
+// Unmount implements Mounter.
+func (LinuxMounter) Unmount(target string, flags int) error { return unix.Unmount(target, flags) }
+
+// LinuxMknoder calls mknod(2).
+type LinuxMknoder struct{}
+
+// Mknod implements Mknoder. The mode is applied exactly, whatever the umask.
+func (LinuxMknoder) Mknod(path string, perm os.FileMode, major, minor uint32) error {
+	if err := unix.Mknod(path, unix.S_IFCHR|uint32(perm.Perm()), int(unix.Mkdev(major, minor))); err != nil {
+		return err
+	}
+	return os.Chmod(path, perm.Perm())
+}
+
+// OSExec starts real processes, each in its own process group so a whole tree can be signalled.
+type OSExec struct{}
+
+// Start implements Execer. The process is not tied to ctx: stopping it is the caller's decision.
+func (OSExec) Start(_ context.Context, c Cmd) (Process, error) {
+	cmd := exec.Command(c.Path, c.Args...)
+	cmd.Env, cmd.Dir = c.Env, c.Dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", c.Path, err)
+	}
+	return osProcess{cmd}, nil
+}
+
+type osProcess struct{ cmd *exec.Cmd }
+
+func (p osProcess) Pid() int { return p.cmd.Process.Pid }
+
+// Signal signals the whole process group.
+func (p osProcess) Signal(sig syscall.Signal) error { return unix.Kill(-p.cmd.Process.Pid, sig) }
+
+func (p osProcess) Wait() error { return p.cmd.Wait() }

@@ -1,0 +1,267 @@
+// Package kernel reads the running kernel's identity and module state from procfs and sysfs:
+// the release, the /proc/version banner, /proc/modules, /sys/module/<name>/{version,refcnt,holders},
+// and the order in which loaded modules can be removed.
+package kernel
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// maxPseudoFile bounds reads of procfs and sysfs files.
+const maxPseudoFile = 4 << 20
+
+// ReadSmall reads at most maxPseudoFile bytes of a pseudo-file.
+func ReadSmall(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxPseudoFile+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	if len(data) > maxPseudoFile {
+		return nil, fmt.Errorf("read %s: larger than %d bytes", path, maxPseudoFile)
+	}
+	return data, nil
+}
+
+// Release returns the kernel release ("6.6.95-flatcar") from <proc>/sys/kernel/osrelease.
+func Release(proc string) (string, error) {
+	data, err := ReadSmall(filepath.Join(proc, "sys/kernel/osrelease"))
+	if err != nil {
+		return "", fmt.Errorf("kernel release: %w", err)
+	}
+	rel := strings.TrimSpace(string(data))
+	if rel == "" {
+		return "", errors.New("kernel release: sys/kernel/osrelease is empty")
+	}
+	return rel, nil
+}
+
+// Banner returns the first line of <proc>/version without its newline: the string NVIDIA's
+// precompiled packages are matched against byte for byte.
+func Banner(proc string) (string, error) {
+	data, err := ReadSmall(filepath.Join(proc, "version"))
+	if err != nil {
+		return "", fmt.Errorf("kernel banner: %w", err)
+	}
+	line, _, _ := bytes.Cut(data, []byte("\n"))
+	if len(line) == 0 {
+		return "", errors.New("kernel banner: version is empty")
+	}
+	return string(line), nil
+}
+
+// Module is one line of /proc/modules.
+type Module struct {
+	Name    string
+	Size    uint64
+	RefCnt  int      // -1 when the kernel prints "-" (no unload support)
+	UsedBy  []string // modules that hold a reference, as listed by the kernel
+	State   string   // Live, Loading, Unloading
+	Address string
+}
+
+// ParseModules parses /proc/modules. Malformed lines are errors that name the line, since a
+// wrong reading of the loaded set would make the agent load or unload the wrong thing.
+func ParseModules(r io.Reader) ([]Module, error) {
+	var mods []Module
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 4096), 1<<20)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" {
+			continue
+		}
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			return nil, fmt.Errorf("proc modules line %d: want at least 5 fields, have %d: %q", n, len(f), line)
+		}
+		m := Module{Name: f[0], State: f[4]}
+		if !ValidModuleName(m.Name) {
+			return nil, fmt.Errorf("proc modules line %d: bad module name %q", n, m.Name)
+		}
+		size, err := strconv.ParseUint(f[1], 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("proc modules line %d: bad size %q", n, f[1])
+		}
+		m.Size = size
+		if f[2] == "-" {
+			m.RefCnt = -1
+		} else if m.RefCnt, err = strconv.Atoi(f[2]); err != nil || m.RefCnt < 0 {
+			return nil, fmt.Errorf("proc modules line %d: bad reference count %q", n, f[2])
+		}
+		if f[3] != "-" {
+			for _, u := range strings.Split(strings.TrimSuffix(f[3], ","), ",") {
+				if u == "[permanent]" || u == "" {
+					continue
+				}
+				if !ValidModuleName(u) {
+					return nil, fmt.Errorf("proc modules line %d: bad holder name %q", n, u)
+				}
+				m.UsedBy = append(m.UsedBy, u)
+			}
+		}
+		if len(f) > 5 {
+			m.Address = f[5]
+		}
+		mods = append(mods, m)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("proc modules: %w", err)
+	}
+	return mods, nil
+}
+
+// ValidModuleName reports whether s is a plausible kernel module name.
+func ValidModuleName(s string) bool {
+	if s == "" || len(s) > 64 {
+		return false
+	}
+	for _, c := range s {
+		if (c < 'a' || c > 'z') && (c < 'A' || c > 'Z') && (c < '0' || c > '9') && c != '_' && c != '-' {
+			return false
+		}
+	}
+	return true
+}
+
+// Normalize returns the kernel's name for a module: dashes become underscores.
+func Normalize(name string) string { return strings.ReplaceAll(name, "-", "_") }
+
+// Loaded reads <proc>/modules.
+func Loaded(proc string) ([]Module, error) {
+	data, err := ReadSmall(filepath.Join(proc, "modules"))
+	if err != nil {
+		return nil, fmt.Errorf("loaded modules: %w", err)
+	}
+	return ParseModules(bytes.NewReader(data))
+}
+
+// SysModule is what /sys/module/<name> says about a loaded module.
+type SysModule struct {
+	Name    string
+	Version string   // MODULE_VERSION, empty when the module has none
+	RefCnt  int      // -1 when unreadable
+	Holders []string // sorted
+	Present bool     // /sys/module/<name> exists
+	Loaded  bool     // refcnt exists, i.e. a loadable module (not built in)
+}
+
+// ReadSysModule reads <sys>/module/<name>.
+func ReadSysModule(sys, name string) (SysModule, error) {
+	name = Normalize(name)
+	dir := filepath.Join(sys, "module", name)
+	m := SysModule{Name: name, RefCnt: -1}
+	if _, err := os.Stat(dir); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return m, nil
+		}
+		return m, fmt.Errorf("module %s: %w", name, err)
+	}
+	m.Present = true
+	if data, err := ReadSmall(filepath.Join(dir, "version")); err == nil {
+		m.Version = strings.TrimSpace(string(data))
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return m, fmt.Errorf("module %s: %w", name, err)
+	}
+	if data, err := ReadSmall(filepath.Join(dir, "refcnt")); err == nil {
+		m.Loaded = true
+		if m.RefCnt, err = strconv.Atoi(strings.TrimSpace(string(data))); err != nil {
+			return m, fmt.Errorf("module %s: bad refcnt %q", name, strings.TrimSpace(string(data)))
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return m, fmt.Errorf("module %s: %w", name, err)
+	}
+	entries, err := os.ReadDir(filepath.Join(dir, "holders"))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return m, fmt.Errorf("module %s holders: %w", name, err)
+	}
+	for _, e := range entries {
+		m.Holders = append(m.Holders, e.Name())
+	}
+	sort.Strings(m.Holders)
+	return m, nil
+}
+
+// UnloadOrder returns the modules of want that are loaded, together with every loaded module
+// that holds one of them (directly or through others), ordered so that each module comes
+// before every module it holds a reference on: the order in which delete_module can succeed.
+// The holder graph is read from <sys>/module/*/holders, never from a fixed list.
+func UnloadOrder(sys string, want []string) ([]string, error) {
+	seen := map[string]bool{}
+	holders := map[string][]string{}
+	var visit func(name string) error
+	visit = func(name string) error {
+		if seen[name] {
+			return nil
+		}
+		seen[name] = true
+		m, err := ReadSysModule(sys, name)
+		if err != nil {
+			return err
+		}
+		if !m.Loaded {
+			delete(seen, name)
+			return nil
+		}
+		holders[name] = m.Holders
+		for _, h := range m.Holders {
+			if err := visit(h); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for _, w := range want {
+		if err := visit(Normalize(w)); err != nil {
+			return nil, err
+		}
+	}
+	// Depth-first: emit every holder before the module it holds.
+	var order []string
+	state := map[string]int{} // 1 visiting, 2 done
+	var emit func(name string) error
+	emit = func(name string) error {
+		switch state[name] {
+		case 1:
+			return fmt.Errorf("module holder cycle through %s", name)
+		case 2:
+			return nil
+		}
+		state[name] = 1
+		for _, h := range holders[name] {
+			if _, ok := holders[h]; ok {
+				if err := emit(h); err != nil {
+					return err
+				}
+			}
+		}
+		state[name] = 2
+		order = append(order, name)
+		return nil
+	}
+	names := make([]string, 0, len(holders))
+	for n := range holders {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		if err := emit(n); err != nil {
+			return nil, err
+		}
+	}
+	return order, nil
+}

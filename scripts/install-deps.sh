@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs what the tests need on a Debian machine: gcc and binutils (the module-file tests compile
+# stand-in ELF objects), xz-utils and zstd (compressed-module fixtures). Go modules come through
+# the Go toolchain. Nothing is installed when everything is already present.
+set -euo pipefail
+need=()
+for pair in gcc:gcc ld:binutils objcopy:binutils xz:xz-utils zstd:zstd make:make git:git; do
+  command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
+done
+if [ ${#need[@]} -eq 0 ]; then
+  echo "install-deps: everything needed is present"
+  exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-deps: missing ${need[*]}; run as root: apt-get install -y ${need[*]}" >&2
+  exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${need[@]}"
