@@ -17,8 +17,8 @@ import (
 )
 
 // vectorDir holds the shared precompiled-package vectors; CI checks out
-// shared/ beside the repository.
-const vectorDir = "../../../shared/testdata/precompiled"
+// testdata/precompiled at the repository root (copied from shared/testdata/precompiled).
+const vectorDir = "../../testdata/precompiled" // a copy of shared/testdata/precompiled, with its README
 
 type expectedVector struct {
 	Vector       string `json:"vector"`
@@ -95,7 +95,7 @@ func loadVectors(t testing.TB) []vector {
 	t.Helper()
 	entries, err := os.ReadDir(vectorDir)
 	if err != nil {
-		t.Fatalf("shared vectors missing (want shared/ beside the repository): %v", err)
+		t.Fatalf("test vectors missing (want testdata/precompiled at the repository root): %v", err)
 	}
 	var vs []vector
 	for _, e := range entries {
