@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -131,6 +132,15 @@ func startAgent(a *Agent) (context.CancelFunc, <-chan error) {
 	return cancel, done
 }
 
+// waitReady waits until the agent is in its wait phase with the operator's file saying Ready.
+func (w *world) waitReady(t *testing.T, done <-chan error) {
+	t.Helper()
+	waitFor(t, "Ready", func() bool {
+		return w.read(t, "run/nvidia/validations/.driver-daemons-status") == "Ready" &&
+			strings.Contains(w.read(t, "run/nvidia/driver-agent/status.json"), `"phase": "wait"`)
+	}, done)
+}
+
 func waitFor(t *testing.T, what string, cond func() bool, done <-chan error) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
@@ -152,7 +162,7 @@ func TestWholeFlow(t *testing.T) {
 	a := w.agent(t)
 	cancel, done := startAgent(a)
 	defer cancel()
-	waitFor(t, "Ready", func() bool { return w.read(t, "run/nvidia/validations/.driver-daemons-status") == "Ready" }, done)
+	w.waitReady(t, done)
 
 	if got := w.kernel.Loaded(); !slices.Equal(got, []string{"nvidia", "nvidia_uvm", "nvidia_modeset"}) {
 		t.Errorf("loaded %v", got)
@@ -178,7 +188,7 @@ func TestWholeFlow(t *testing.T) {
 	if got := w.read(t, "run/nvidia/nvidia-driver.state"); got != "digest-1" {
 		t.Errorf("state = %q", got)
 	}
-	if got := w.read(t, "run/nvidia/nvidia-driver.pid"); strings.TrimSpace(got) != itoa(os.Getpid()) {
+	if got := w.read(t, "run/nvidia/nvidia-driver.pid"); strings.TrimSpace(got) != strconv.Itoa(os.Getpid()) {
 		t.Errorf("pid file = %q", got)
 	}
 	if got := w.read(t, "run/nvidia/driver-agent/status.json"); !strings.Contains(got, `"phase": "wait"`) || !strings.Contains(got, `"installPath": "precompiled"`) {
@@ -198,20 +208,6 @@ func TestWholeFlow(t *testing.T) {
 		t.Errorf("unload order %v: nvidia must go last", unloads)
 	}
 	w.assertClean(t)
-}
-
-func itoa(n int) string { return strings.TrimSpace(strings.Repeat(" ", 0) + fmtInt(n)) }
-
-func fmtInt(n int) string {
-	var b []byte
-	if n == 0 {
-		return "0"
-	}
-	for n > 0 {
-		b = append([]byte{byte('0' + n%10)}, b...)
-		n /= 10
-	}
-	return string(b)
 }
 
 // TestSignalDuringEachPhase cancels as each phase starts: teardown must run only the undos
@@ -253,7 +249,7 @@ func TestLockContention(t *testing.T) {
 	first := w.agent(t)
 	cancel, done := startAgent(first)
 	defer cancel()
-	waitFor(t, "Ready", func() bool { return w.read(t, "run/nvidia/validations/.driver-daemons-status") == "Ready" }, done)
+	w.waitReady(t, done)
 
 	second := w.agent(t)
 	err := second.Run(context.Background())
@@ -280,7 +276,7 @@ func TestFastPathAdoptsLoadedDriver(t *testing.T) {
 	a := w.agent(t)
 	cancel, done := startAgent(a)
 	defer cancel()
-	waitFor(t, "Ready", func() bool { return w.read(t, "run/nvidia/validations/.driver-daemons-status") == "Ready" }, done)
+	w.waitReady(t, done)
 	if calls := w.kernel.Calls(); len(calls) != 0 {
 		t.Errorf("fast path touched the kernel: %v", calls)
 	}
@@ -304,7 +300,7 @@ func TestReloadWhenDigestDiffers(t *testing.T) {
 	a := w.agent(t)
 	cancel, done := startAgent(a)
 	defer cancel()
-	waitFor(t, "Ready", func() bool { return w.read(t, "run/nvidia/validations/.driver-daemons-status") == "Ready" }, done)
+	w.waitReady(t, done)
 	if calls := w.kernel.Calls(); !slices.Equal(calls[:2], []string{"unload nvidia_uvm", "unload nvidia"}) {
 		t.Errorf("calls %v: the stale driver must be unloaded first, holders first", calls)
 	}
@@ -317,7 +313,7 @@ func TestInUseAtShutdown(t *testing.T) {
 	a := w.agent(t)
 	cancel, done := startAgent(a)
 	defer cancel()
-	waitFor(t, "Ready", func() bool { return w.read(t, "run/nvidia/validations/.driver-daemons-status") == "Ready" }, done)
+	w.waitReady(t, done)
 	w.kernel.Use("nvidia_uvm", 1)
 	cancel()
 	err := <-done
@@ -378,7 +374,7 @@ func TestDaemonDeathEndsReadiness(t *testing.T) {
 	a := w.agent(t)
 	cancel, done := startAgent(a)
 	defer cancel()
-	waitFor(t, "Ready", func() bool { return w.read(t, "run/nvidia/validations/.driver-daemons-status") == "Ready" }, done)
+	w.waitReady(t, done)
 	w.exec.Processes()[0].Exit(errors.New("exit status 1"))
 	err := <-done
 	if !errors.Is(err, exitcode.ErrDaemon) {

@@ -359,10 +359,11 @@ func (r *run) ready(context.Context) error {
 		}
 		r.Log.Info("Driver configuration digest stored", "path", r.st.Paths.State())
 	}
+	r.status.Ready = true // status.json says ready no later than the operator's file
+	r.setPhase(PhaseReady)
 	if err := r.st.SetReady(true); err != nil {
 		return err
 	}
-	r.status.Ready = true
 	r.push(PhaseReady, func(context.Context) error {
 		r.status.Ready = false
 		return r.st.SetReady(false)
