@@ -70,6 +70,7 @@ type run struct {
 	decision Decision
 	images   []host.ModuleImage
 	loaded   []string // NVIDIA modules this run owns (loaded or adopted)
+	prereqs  []string // prerequisite modules this run loaded
 	devices  []string // device nodes this run created
 	daemons  []*daemon.Daemon
 	undos    []undo

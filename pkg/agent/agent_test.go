@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ulikunitz/xz"
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 
@@ -30,21 +32,30 @@ const testVersion = "535.309.01"
 
 // fakeSource stands in for the precompiled/compile paths: it hands out stand-in modules.
 type fakeSource struct {
-	roots host.Roots
-	err   error
+	dir string // where the stand-in module files are written, outside the fixture tree
+	err error
 }
 
 func (s fakeSource) Find(context.Context, detect.Facts, string) (Decision, error) {
 	return Decision{Path: PathPrecompiled, Reason: "test source", Package: "nvidia-modules-test"}, s.err
 }
 
-func (s fakeSource) Prepare(context.Context, Decision) ([]host.ModuleImage, error) {
-	dir := s.roots.InRoot("lib/modules")
-	return []host.ModuleImage{
-		{Name: "nvidia", Path: filepath.Join(dir, "nvidia.ko"), Params: "NVreg_EnableGpuFirmware=18"},
-		{Name: "nvidia_uvm", Path: filepath.Join(dir, "nvidia-uvm.ko")},
-		{Name: "nvidia_modeset", Path: filepath.Join(dir, "nvidia-modeset.ko")},
-	}, nil
+// Prepare writes stand-in module files (ELF objects with a .modinfo) and returns them, deliberately
+// not in dependency order: the agent orders them by depends=.
+func (s fakeSource) Prepare(_ context.Context, d Decision) ([]host.ModuleImage, error) {
+	dir := s.dir
+	depends := map[string]string{"nvidia": "", "nvidia_uvm": "nvidia", "nvidia_modeset": "nvidia", "nvidia_peermem": "nvidia", "nvidia_drm": "nvidia_modeset"}
+	var images []host.ModuleImage
+	for i := len(d.Modules) - 1; i >= 0; i-- {
+		name := d.Modules[i]
+		path := filepath.Join(dir, strings.ReplaceAll(name, "_", "-")+".ko")
+		elf := hosttest.ModuleELF("name="+name, "version="+testVersion, "depends="+depends[name], "license=GPL")
+		if err := os.WriteFile(path, elf, 0o644); err != nil {
+			return nil, err
+		}
+		images = append(images, host.ModuleImage{Name: name, Path: path})
+	}
+	return images, nil
 }
 
 type world struct {
@@ -67,8 +78,44 @@ func newWorld(t *testing.T) *world {
 		"nvidia_drm":     {Version: testVersion, Deps: []string{"nvidia_modeset"}},
 	})
 	w.mounter = hosttest.NewFakeMounter(w.roots)
+	writeHostModules(t, w.roots.InHost("usr/lib/modules/6.6.95-flatcar"))
+	os.WriteFile(w.roots.InDrivers("nvidia.conf"), []byte("# from the operator's ConfigMap\nNVreg_EnableGpuFirmware=18 NVreg_OpenRmEnableUnsupportedGpus=1\n"), 0o644)
 	w.before = files(hosttest.Snapshot(t, dir))
 	return w
+}
+
+// writeHostModules lays out the host's in-tree modules the way Flatcar does: compressed modules,
+// modules.dep and modules.builtin.
+func writeHostModules(t *testing.T, dir string) {
+	t.Helper()
+	mods := map[string][]byte{
+		"kernel/drivers/i2c/i2c-core.ko":              hosttest.ModuleELF("name=i2c_core", "depends="),
+		"kernel/drivers/char/ipmi/ipmi_msghandler.ko": hosttest.ModuleELF("name=ipmi_msghandler", "depends="),
+		"kernel/drivers/char/ipmi/ipmi_devintf.ko.xz": xzCompress(t, hosttest.ModuleELF("name=ipmi_devintf", "depends=ipmi_msghandler")),
+	}
+	for p, data := range mods {
+		os.MkdirAll(filepath.Dir(filepath.Join(dir, p)), 0o755)
+		if err := os.WriteFile(filepath.Join(dir, p), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dep := "kernel/drivers/i2c/i2c-core.ko:\nkernel/drivers/char/ipmi/ipmi_msghandler.ko:\nkernel/drivers/char/ipmi/ipmi_devintf.ko.xz: kernel/drivers/char/ipmi/ipmi_msghandler.ko\n"
+	os.WriteFile(filepath.Join(dir, "modules.dep"), []byte(dep), 0o644)
+	os.WriteFile(filepath.Join(dir, "modules.builtin"), []byte("kernel/drivers/acpi/video.ko\n"), 0o644)
+}
+
+func xzCompress(t *testing.T, data []byte) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	w, err := xz.NewWriter(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Write(data)
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
 }
 
 // files drops directories from a snapshot: empty directories are not state the run leaves.
@@ -94,7 +141,7 @@ func (w *world) agent(t *testing.T, extraArgs ...string) *Agent {
 		t.Fatal(err)
 	}
 	h := host.Host{Roots: r, Kernel: w.kernel, Mounter: w.mounter, Mknoder: hosttest.FakeMknoder{}, Files: host.OSFiles{}, Exec: w.exec}
-	return &Agent{Config: cfg, Host: h, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Source: fakeSource{roots: r}, Out: io.Discard}
+	return &Agent{Config: cfg, Host: h, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Source: fakeSource{dir: t.TempDir()}, Out: io.Discard}
 }
 
 func (w *world) read(t *testing.T, rel string) string {
@@ -164,8 +211,14 @@ func TestWholeFlow(t *testing.T) {
 	defer cancel()
 	w.waitReady(t, done)
 
-	if got := w.kernel.Loaded(); !slices.Equal(got, []string{"nvidia", "nvidia_uvm", "nvidia_modeset"}) {
-		t.Errorf("loaded %v", got)
+	if got := w.kernel.Loaded(); !slices.Equal(got, []string{"i2c_core", "ipmi_devintf", "nvidia", "nvidia_modeset", "nvidia_uvm"}) {
+		t.Errorf("loaded %v: want the prerequisites (ipmi_msghandler was loaded already), then nvidia before its holders", got)
+	}
+	if got := w.read(t, "sys/module/nvidia/parameters/NVreg_OpenRmEnableUnsupportedGpus"); got != "1\n" {
+		t.Errorf("second parameter on the conf line = %q", got)
+	}
+	if got := w.read(t, "container/etc/modprobe.d/nvidia.conf"); got != "options nvidia NVreg_EnableGpuFirmware=18 NVreg_OpenRmEnableUnsupportedGpus=1\n" {
+		t.Errorf("modprobe.d/nvidia.conf = %q", got)
 	}
 	if got := w.read(t, "sys/module/nvidia/parameters/NVreg_EnableGpuFirmware"); got != "18\n" {
 		t.Errorf("nvidia parameter = %q", got)
@@ -203,9 +256,9 @@ func TestWholeFlow(t *testing.T) {
 		t.Errorf("persistenced got %v, want SIGTERM only", sigs)
 	}
 	calls := w.kernel.Calls()
-	unloads := calls[3:]
-	if len(unloads) != 3 || unloads[2] != "unload nvidia" {
-		t.Errorf("unload order %v: nvidia must go last", unloads)
+	unloads := calls[5:]
+	if !slices.Equal(unloads[2:], []string{"unload nvidia", "unload ipmi_devintf", "unload i2c_core"}) {
+		t.Errorf("unload order %v: the holders, then nvidia, then the prerequisites this run loaded", unloads)
 	}
 	w.assertClean(t)
 }
@@ -256,7 +309,7 @@ func TestLockContention(t *testing.T) {
 	if !errors.Is(err, exitcode.ErrLockHeld) || exitcode.Code(err) != 4 {
 		t.Fatalf("second instance: %v (code %d), want lock held (4)", err, exitcode.Code(err))
 	}
-	if w.read(t, "run/nvidia/validations/.driver-daemons-status") != "Ready" || len(w.kernel.Loaded()) != 3 {
+	if w.read(t, "run/nvidia/validations/.driver-daemons-status") != "Ready" || len(w.kernel.Loaded()) != 5 {
 		t.Error("the refused second instance disturbed the first")
 	}
 	cancel()
@@ -334,16 +387,15 @@ func TestInUseAtShutdown(t *testing.T) {
 func TestLoadFailureRollsBack(t *testing.T) {
 	w := newWorld(t)
 	w.kernel = hosttest.NewFakeKernel(w.roots, map[string]hosttest.FakeModule{
-		"nvidia":         {Version: testVersion},
-		"nvidia_uvm":     {Deps: []string{"nvidia"}},
-		"nvidia_modeset": {Err: unix.ENODEV},
+		"nvidia":     {Version: testVersion},
+		"nvidia_uvm": {Err: unix.ENODEV},
 	})
 	a := w.agent(t)
 	err := a.Run(context.Background())
 	if !errors.Is(err, exitcode.ErrNoGPU) || !strings.Contains(err.Error(), "no NVIDIA GPU") {
 		t.Fatalf("Run = %v, want the no-GPU error", err)
 	}
-	if got := w.kernel.Calls(); !slices.Equal(got, []string{"load nvidia", "load nvidia_uvm", "load nvidia_modeset", "unload nvidia_uvm", "unload nvidia"}) {
+	if got := w.kernel.Calls(); !slices.Equal(got, []string{"load i2c_core", "load ipmi_devintf", "load nvidia", "load nvidia_modeset", "load nvidia_uvm", "unload nvidia_modeset", "unload nvidia", "unload ipmi_devintf", "unload i2c_core"}) {
 		t.Errorf("calls %v", got)
 	}
 	if len(w.exec.Processes()) != 0 || len(w.mounter.Mounted()) != 0 {

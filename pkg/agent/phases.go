@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -18,6 +20,7 @@ import (
 	"github.com/driver-agent/driver-agent/pkg/exitcode"
 	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/kernel"
+	"github.com/driver-agent/driver-agent/pkg/modparams"
 	"github.com/driver-agent/driver-agent/pkg/modules"
 )
 
@@ -77,10 +80,29 @@ func (r *run) decide(ctx context.Context) error {
 			d.Reason += fmt.Sprintf("; nvidia %s is loaded with another configuration and is unloaded first", orUnset(nv.Version))
 		}
 	}
+	d.Modules, d.ModulesWhy = r.moduleSet()
 	r.decision = d
 	r.status.InstallPath, r.status.PathReason, r.status.Flavor = d.Path, d.Reason, d.Flavor
 	r.Log.Info("install path chosen", "path", d.Path, "reason", d.Reason, "flavor", d.Flavor, "flavor_reason", d.FlavorReason)
 	return nil
+}
+
+// moduleSet is the NVIDIA modules to load and why the optional ones are in or out.
+func (r *run) moduleSet() ([]string, []string) {
+	set := []string{"nvidia", "nvidia_uvm", "nvidia_modeset"}
+	var why []string
+	switch {
+	case r.cfg.RDMA && len(r.facts.Mellanox) > 0:
+		set = append(set, "nvidia_peermem")
+		why = append(why, fmt.Sprintf("nvidia_peermem: GPU_DIRECT_RDMA_ENABLED=true and %d Mellanox device(s)", len(r.facts.Mellanox)))
+	case r.cfg.RDMA:
+		why = append(why, "nvidia_peermem left out: GPU_DIRECT_RDMA_ENABLED=true but no Mellanox device")
+	}
+	if r.cfg.LoadDRM {
+		set = append(set, "nvidia_drm")
+		why = append(why, "nvidia_drm: --load-drm")
+	}
+	return set, why
 }
 
 func flavor(moduleType string, branch int) (string, string) {
@@ -142,16 +164,149 @@ func (r *run) load(ctx context.Context) error {
 			return err
 		}
 	}
-	if err := r.setFirmwarePath(); err != nil {
+	files, err := modules.Resolve(r.images)
+	if err != nil {
+		return fmt.Errorf("%w: %w", exitcode.ErrModuleLoad, err)
+	}
+	if err := r.applyParams(files); err != nil {
 		return err
 	}
+	prereqs, err := r.prerequisites(files)
+	if err != nil {
+		return err
+	}
+	if err := r.setFirmwarePath(files); err != nil {
+		return err
+	}
+	loader := modules.Loader{Host: r.Host, Log: r.Log, Release: r.facts.KernelRelease}
+	if len(prereqs) > 0 {
+		r.Log.Info("Loading ipmi and i2c_core kernel modules...")
+		loaded, err := loader.Load(ctx, prereqs)
+		if err != nil {
+			return err
+		}
+		r.prereqs = loaded
+		r.push(PhaseLoad, r.unloadPrereqs)
+	}
 	r.Log.Info("Loading NVIDIA driver kernel modules...")
-	loaded, err := modules.Load(ctx, r.Host, r.Log, r.images)
+	loaded, err := loader.Load(ctx, files)
 	if err != nil {
 		return err
 	}
 	r.loaded = loaded
 	r.push(PhaseLoad, r.unloadUndo)
+	return nil
+}
+
+// applyParams sets each module's parameters from <drivers-dir>/<module>.conf, --module-param and
+// the branch defaults, logs them, and writes /etc/modprobe.d/<module>.conf in the container root
+// so that a later `chroot /run/nvidia/driver modprobe` (the peermem sidecar) uses the same ones.
+func (r *run) applyParams(files []modules.File) error {
+	var confNames []string
+	for _, f := range files {
+		confNames = append(confNames, strings.ReplaceAll(f.Image.Name, "_", "-"))
+	}
+	set, err := modparams.LoadDir(r.Host.DriversDir, confNames)
+	if err != nil {
+		return fmt.Errorf("%w: module parameters: %w", exitcode.ErrConfig, err)
+	}
+	set.Merge(&r.cfg.ModuleParams)
+	set.AddDefaults(modparams.Defaults(r.cfg.DriverBranch))
+	for i := range files {
+		name := strings.ReplaceAll(files[i].Image.Name, "_", "-")
+		ps := set.Params(name)
+		files[i].Image.Params = ps.String()
+		if len(ps) == 0 {
+			continue
+		}
+		r.Log.Info(fmt.Sprintf("Module parameters provided for %s: %s", name, ps.String()))
+		if err := r.writeModprobeConf(name, modparams.ModprobeConf(name, ps)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *run) writeModprobeConf(name string, content []byte) error {
+	path := r.Host.InRoot("etc/modprobe.d", name+".conf")
+	old, err := os.ReadFile(path)
+	existed := err == nil
+	if err := r.Host.Files.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	if err := r.Host.Files.WriteFile(path, content, 0o644, true); err != nil {
+		return err
+	}
+	r.push(PhaseLoad, func(context.Context) error {
+		if existed {
+			return r.Host.Files.WriteFile(path, old, 0o644, true)
+		}
+		return r.Host.Files.Remove(path)
+	})
+	return nil
+}
+
+// prerequisites are the in-kernel modules to load before the NVIDIA ones: i2c_core,
+// ipmi_msghandler, ipmi_devintf, video where the kernel has it, and whatever the NVIDIA modules'
+// depends= name outside their own set (drm on some kernels), each with its modules.dep closure.
+func (r *run) prerequisites(files []modules.File) ([]modules.File, error) {
+	inSet := map[string]bool{}
+	for _, f := range files {
+		inSet[f.Image.Name] = true
+	}
+	wanted := []string{"i2c_core", "ipmi_msghandler", "ipmi_devintf"}
+	optional := map[string]bool{"video": true}
+	wanted = append(wanted, "video")
+	for _, f := range files {
+		for _, d := range f.Info.Depends {
+			if d = kernel.Normalize(d); !inSet[d] && !slices.Contains(wanted, d) {
+				wanted = append(wanted, d)
+			}
+		}
+	}
+	loaded := map[string]bool{}
+	if mods, err := kernel.Loaded(r.Host.Proc); err == nil {
+		for _, m := range mods {
+			loaded[m.Name] = true
+		}
+	}
+	tree, err := modules.FindTree(r.Host.Roots, r.facts.KernelRelease)
+	if err != nil {
+		r.Log.Warn("cannot load prerequisite modules; the NVIDIA modules may fail with unknown symbols", "wanted", wanted, "error", err)
+		return nil, nil
+	}
+	var images []host.ModuleImage
+	seen := map[string]bool{}
+	for _, w := range wanted {
+		closure, known := tree.Closure(w, loaded)
+		if !known {
+			if !optional[w] {
+				r.Log.Warn("prerequisite module not found in modules.dep; skipping", "module", w, "dir", tree.Dir)
+			}
+			continue
+		}
+		for _, im := range closure {
+			if !seen[im.Name] {
+				seen[im.Name] = true
+				images = append(images, im)
+			}
+		}
+	}
+	resolved, err := modules.Resolve(images)
+	if err != nil {
+		return nil, fmt.Errorf("%w: prerequisites: %w", exitcode.ErrModuleLoad, err)
+	}
+	return resolved, nil
+}
+
+// unloadPrereqs removes the prerequisites this run loaded, last first, once; one that something
+// else now uses stays loaded.
+func (r *run) unloadPrereqs(context.Context) error {
+	for i := len(r.prereqs) - 1; i >= 0; i-- {
+		if err := r.Host.Kernel.UnloadModule(r.prereqs[i]); err != nil {
+			r.Log.Info("leaving prerequisite module loaded", "module", r.prereqs[i], "reason", err)
+		}
+	}
 	return nil
 }
 
@@ -167,10 +322,10 @@ func (r *run) unloadUndo(ctx context.Context) error {
 
 // setFirmwarePath points the kernel's firmware search path at the shared driver root, unless
 // something is configured there already or the nvidia parameters turn GPU firmware off.
-func (r *run) setFirmwarePath() error {
+func (r *run) setFirmwarePath(files []modules.File) error {
 	path := r.Host.InSys("module/firmware_class/parameters/path")
-	for _, m := range r.images {
-		if m.Name == "nvidia" && hasParam(m.Params, "NVreg_EnableGpuFirmware", "0") {
+	for _, f := range files {
+		if f.Image.Name == "nvidia" && hasParam(f.Image.Params, "NVreg_EnableGpuFirmware", "0") {
 			r.Log.Info("GPU firmware is disabled (NVreg_EnableGpuFirmware=0); leaving the firmware search path alone")
 			return nil
 		}

@@ -22,12 +22,14 @@ const (
 
 // Decision is the chosen install path and why.
 type Decision struct {
-	Path         string `json:"path"`
-	Reason       string `json:"reason"`
-	Flavor       string `json:"flavor"` // kernel or kernel-open
-	FlavorReason string `json:"flavorReason"`
-	Package      string `json:"package,omitempty"` // the precompiled package or cache entry used
-	Reload       bool   `json:"reload"`            // loaded NVIDIA modules must be unloaded first
+	Path         string   `json:"path"`
+	Reason       string   `json:"reason"`
+	Flavor       string   `json:"flavor"` // kernel or kernel-open
+	FlavorReason string   `json:"flavorReason"`
+	Package      string   `json:"package,omitempty"` // the precompiled package or cache entry used
+	Reload       bool     `json:"reload"`            // loaded NVIDIA modules must be unloaded first
+	Modules      []string `json:"modules"`           // the NVIDIA modules to load, by kernel name
+	ModulesWhy   []string `json:"modulesWhy,omitempty"`
 }
 
 // Source finds and prepares kernel modules for the paths that load them (precompiled, cached,
@@ -35,7 +37,7 @@ type Decision struct {
 type Source interface {
 	// Find says which of those paths can provide modules for this node, and why.
 	Find(ctx context.Context, f detect.Facts, flavor string) (Decision, error)
-	// Prepare produces the modules to load for d, in load order.
+	// Prepare produces the files of d.Modules; the agent orders them by their depends=.
 	Prepare(ctx context.Context, d Decision) ([]host.ModuleImage, error)
 }
 

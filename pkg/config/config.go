@@ -18,6 +18,7 @@ import (
 
 	"github.com/driver-agent/driver-agent/pkg/exitcode"
 	"github.com/driver-agent/driver-agent/pkg/host"
+	"github.com/driver-agent/driver-agent/pkg/modparams"
 )
 
 // Config is the agent's whole configuration.
@@ -36,6 +37,7 @@ type Config struct {
 	Modules           string // auto, load, host
 	LoadDRM           bool
 	PersistencedArgs  []string
+	ModuleParams      modparams.Set // --module-param module.key=value, over /drivers/<module>.conf
 
 	DriverVersion    string
 	DriverBranch     int
@@ -55,6 +57,7 @@ type Option struct {
 	Default string
 	Usage   string
 	Bool    bool
+	Repeat  bool // may be given several times; the environment variable holds a space-separated list
 	set     func(c *Config, v string) error
 }
 
@@ -138,6 +141,16 @@ func Options() []Option {
 			c.PersistencedArgs = strings.Fields(v)
 			return nil
 		}}),
+		ag(Option{Flag: "module-param", Repeat: true, Usage: "module.key=value, repeatable; overrides /drivers/<module>.conf", set: func(c *Config, v string) error {
+			var f modparams.Flag
+			for _, p := range strings.Fields(v) {
+				if err := f.Set(p); err != nil {
+					return err
+				}
+			}
+			c.ModuleParams = f.Params
+			return nil
+		}}),
 		{Flag: "driver-version", Env: "DRIVER_VERSION", Usage: "NVIDIA driver version, e.g. 580.95.05 (required for init)", set: func(c *Config, v string) error {
 			if v != "" && !versionRE.MatchString(v) {
 				return errors.New("want a driver version such as 580.95.05")
@@ -187,11 +200,20 @@ type value struct {
 	text   string
 	set    bool
 	isBool bool
+	repeat bool
 }
 
-func (v *value) String() string     { return v.text }
-func (v *value) Set(s string) error { v.text, v.set = s, true; return nil }
-func (v *value) IsBoolFlag() bool   { return v.isBool }
+func (v *value) String() string { return v.text }
+func (v *value) Set(s string) error {
+	if v.repeat && v.set {
+		v.text += " " + s
+	} else {
+		v.text = s
+	}
+	v.set = true
+	return nil
+}
+func (v *value) IsBoolFlag() bool { return v.isBool }
 
 // Parse parses args (after the subcommand) and environ (os.Environ's form) into a Config. A malformed
 // command line returns an error wrapping exitcode.ErrUsage; bad values wrap exitcode.ErrConfig
@@ -208,7 +230,7 @@ func Parse(name string, args []string, environ []string, stderr io.Writer) (*Con
 	opts := Options()
 	vals := make([]*value, len(opts))
 	for i, o := range opts {
-		vals[i] = &value{isBool: o.Bool}
+		vals[i] = &value{isBool: o.Bool, repeat: o.Repeat}
 		fs.Var(vals[i], o.Flag, o.Usage+" ["+o.Env+"]")
 	}
 	fs.Usage = func() { Usage(stderr, name) }

@@ -54,6 +54,7 @@ func TestEveryValidationError(t *testing.T) {
 		{"DRIVER_AGENT_MODULES=kernel", `DRIVER_AGENT_MODULES="kernel": want one of auto, load, host`},
 		{"DRIVER_AGENT_LOAD_DRM=yes", `DRIVER_AGENT_LOAD_DRM="yes": want true or false`},
 		{"DRIVER_AGENT_PERSISTENCED_ARGS=a\x01b", `DRIVER_AGENT_PERSISTENCED_ARGS="a\x01b": want arguments without control characters`},
+		{"DRIVER_AGENT_MODULE_PARAM=nvidia", `DRIVER_AGENT_MODULE_PARAM="nvidia": `},
 		{"DRIVER_VERSION=latest", `DRIVER_VERSION="latest": want a driver version such as 580.95.05`},
 		{"DRIVER_BRANCH=r580", `DRIVER_BRANCH="r580": want a branch number such as 580`},
 		{"KERNEL_MODULE_TYPE=closed", `KERNEL_MODULE_TYPE="closed": want one of auto, open, proprietary`},
@@ -91,6 +92,23 @@ func TestEveryValidationError(t *testing.T) {
 	_, _, err = Parse("t", []string{"--max-threads", "-3"}, nil, io.Discard)
 	if !errors.Is(err, exitcode.ErrConfig) || !strings.Contains(err.Error(), `--max-threads="-3"`) {
 		t.Errorf("flag value error = %v", err)
+	}
+}
+
+func TestModuleParams(t *testing.T) {
+	t.Parallel()
+	c, _, err := Parse("t", []string{"--module-param", "nvidia.NVreg_A=1", "--module-param", "nvidia-uvm.uvm_b=2"}, []string{"DRIVER_AGENT_MODULE_PARAM=nvidia.NVreg_A=0"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.ModuleParams.Params("nvidia").String(); got != "NVreg_A=1" {
+		t.Errorf("nvidia params %q: the flags replace the environment variable", got)
+	}
+	if got := c.ModuleParams.Params("nvidia_uvm").String(); got != "uvm_b=2" {
+		t.Errorf("nvidia_uvm params %q", got)
+	}
+	if _, _, err := Parse("t", []string{"--module-param", "nvidia.x=\x01"}, nil, io.Discard); err == nil {
+		t.Error("control character accepted")
 	}
 }
 

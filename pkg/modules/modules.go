@@ -23,47 +23,146 @@ import (
 	"github.com/driver-agent/driver-agent/pkg/kernel"
 )
 
-// Load loads images in order and returns the names it loaded. When one fails, every module
-// loaded by this call is unloaded again in reverse order and the error says what happened.
-func Load(ctx context.Context, h host.Host, log *slog.Logger, images []host.ModuleImage) ([]string, error) {
+// Loader loads kernel modules and explains the kernel's refusals.
+type Loader struct {
+	Host    host.Host
+	Log     *slog.Logger
+	Release string // the running kernel release, for vermagic messages
+}
+
+// Load loads files in order and returns the names it loaded (or adopted: a module that is
+// already loaded with the same version). When one fails, every module loaded by this call is
+// unloaded again in reverse order, and the error says what the kernel objected to, with the
+// kernel log lines written since the load started.
+func (l Loader) Load(ctx context.Context, files []File) ([]string, error) {
 	var loaded []string
-	for _, m := range images {
+	kmsg := OpenKmsg(l.Host.InDev("kmsg"))
+	defer kmsg.Close()
+	for _, f := range files {
+		m := f.Image
 		if err := ctx.Err(); err != nil {
-			return loaded, errors.Join(err, rollback(h, log, loaded))
+			return nil, errors.Join(err, l.rollback(loaded))
 		}
-		log.Info("loading kernel module", "module", m.Name, "path", m.Path, "params", m.Params)
-		if err := h.Kernel.LoadModule(m); err != nil {
-			lerr := explain(m, err)
-			return nil, errors.Join(lerr, rollback(h, log, loaded))
+		l.Log.Info("loading kernel module", "module", m.Name, "path", m.Path, "params", m.Params)
+		err := l.Host.Kernel.LoadModule(m)
+		if errors.Is(err, unix.EEXIST) {
+			sm, rerr := kernel.ReadSysModule(l.Host.Sys, m.Name)
+			if rerr == nil && sm.Version == f.Info.Version {
+				l.Log.Info("kernel module is already loaded with the same version; adopting it", "module", m.Name, "version", sm.Version)
+				loaded = append(loaded, m.Name)
+				continue
+			}
+			err = fmt.Errorf("%w (loaded version %q, this one %q)", err, sm.Version, f.Info.Version)
+		}
+		if err != nil {
+			lerr := l.explain(f, err, kmsg.Lines())
+			return nil, errors.Join(lerr, l.rollback(loaded))
 		}
 		loaded = append(loaded, m.Name)
 	}
 	return loaded, nil
 }
 
-func rollback(h host.Host, log *slog.Logger, loaded []string) error {
+func (l Loader) rollback(loaded []string) error {
 	var errs []error
 	for i := len(loaded) - 1; i >= 0; i-- {
-		log.Info("rolling back kernel module", "module", loaded[i])
-		if err := h.Kernel.UnloadModule(loaded[i]); err != nil && !errors.Is(err, unix.ENOENT) {
+		l.Log.Info("rolling back kernel module", "module", loaded[i])
+		if err := l.Host.Kernel.UnloadModule(loaded[i]); err != nil && !errors.Is(err, unix.ENOENT) {
 			errs = append(errs, fmt.Errorf("roll back %s: %w", loaded[i], err))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-func explain(m host.ModuleImage, err error) error {
+// explain turns a load error into what an operator needs to know.
+func (l Loader) explain(f File, err error, kmsg []string) error {
+	m := f.Image
+	var what string
+	class := exitcode.ErrModuleLoad
 	switch {
 	case errors.Is(err, unix.ENODEV):
-		return fmt.Errorf("%w: load %s: the kernel found no NVIDIA GPU this driver supports: %w", exitcode.ErrNoGPU, m.Name, err)
+		class, what = exitcode.ErrNoGPU, "the kernel found no NVIDIA GPU this driver supports"
 	case errors.Is(err, unix.ENOEXEC):
-		return fmt.Errorf("%w: load %s: invalid module format (built for another kernel?): %w", exitcode.ErrModuleLoad, m.Name, err)
+		what = fmt.Sprintf("invalid module format: the module was built for %q, the running kernel is %s", f.Info.Vermagic, l.Release)
 	case errors.Is(err, unix.ENOENT):
-		return fmt.Errorf("%w: load %s: unknown symbol (a module it depends on is not loaded): %w", exitcode.ErrModuleLoad, m.Name, err)
-	case errors.Is(err, unix.EKEYREJECTED), errors.Is(err, unix.EPERM):
-		return fmt.Errorf("%w: load %s: the kernel rejected the module's signature (Secure Boot or lockdown): %w", exitcode.ErrModuleLoad, m.Name, err)
+		what = "unknown symbol"
+		if syms := unknownSymbols(kmsg); len(syms) > 0 {
+			what += "s " + strings.Join(syms, ", ")
+		}
+		if missing := l.missingDepends(f); len(missing) > 0 {
+			what += fmt.Sprintf("; it depends on %s, which %s not loaded", strings.Join(missing, ", "), plural(len(missing), "is", "are"))
+		}
+	case errors.Is(err, unix.EKEYREJECTED), errors.Is(err, unix.EPERM), errors.Is(err, unix.EKEYEXPIRED), errors.Is(err, unix.ENOKEY):
+		what = "the kernel refused the module's signature (Secure Boot or lockdown): "
+		if signed(m) {
+			what += "it is signed, but not with a key the kernel trusts; enroll that key (MOK or the platform keyring)"
+		} else {
+			what += "it is unsigned; sign it with a key the kernel trusts, or use modules the host provides signed (Flatcar's NVIDIA sysext)"
+		}
+	case errors.Is(err, unix.EEXIST):
+		what = "another version of the module is already loaded; unload it first"
+	default:
+		what = "the kernel refused it"
 	}
-	return fmt.Errorf("%w: load %s: %w", exitcode.ErrModuleLoad, m.Name, err)
+	msg := fmt.Sprintf("load %s: %s: %v", m.Name, what, err)
+	if len(kmsg) > 0 {
+		msg += "; kernel log: " + strings.Join(kmsg, " | ")
+	}
+	return fmt.Errorf("%w: %s", class, msg)
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+func (l Loader) missingDepends(f File) []string {
+	var missing []string
+	for _, d := range f.Info.Depends {
+		if sm, err := kernel.ReadSysModule(l.Host.Sys, d); err == nil && !sm.Present {
+			missing = append(missing, kernel.Normalize(d))
+		}
+	}
+	return missing
+}
+
+// unknownSymbols picks the symbol names out of "Unknown symbol X (err -2)" kernel lines.
+func unknownSymbols(lines []string) []string {
+	var syms []string
+	for _, line := range lines {
+		_, rest, ok := strings.Cut(line, "Unknown symbol ")
+		if !ok {
+			continue
+		}
+		if f := strings.Fields(rest); len(f) > 0 && !slices.Contains(syms, f[0]) {
+			syms = append(syms, f[0])
+		}
+	}
+	return syms
+}
+
+// signed reports whether the module carries an appended signature.
+func signed(m host.ModuleImage) bool {
+	const magic = "~Module signature appended~\n"
+	tail := m.Data
+	if tail == nil {
+		f, err := os.Open(m.Path)
+		if err != nil {
+			return false
+		}
+		defer f.Close()
+		st, err := f.Stat()
+		if err != nil || st.Size() < int64(len(magic)) {
+			return false
+		}
+		tail = make([]byte, len(magic))
+		if _, err := f.ReadAt(tail, st.Size()-int64(len(magic))); err != nil {
+			return false
+		}
+	}
+	return strings.HasSuffix(string(tail), magic)
 }
 
 // Unload removes the named modules and every loaded module that holds them, in holder order.

@@ -11,9 +11,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/driver-agent/driver-agent/pkg/host"
+	"github.com/driver-agent/driver-agent/pkg/modfile"
 )
 
-// FakeModule describes a module the fake kernel can load.
+// FakeModule describes a module the fake kernel can load. When the image handed to LoadModule is
+// an ELF object with a .modinfo section (see ModuleELF), its version and depends are used instead,
+// and an image that is not a module is refused with ENOEXEC, as the kernel does.
 type FakeModule struct {
 	Version string   // MODULE_VERSION, shown in /sys/module/<name>/version
 	Deps    []string // modules that must be loaded first; they become holders' targets
@@ -27,8 +30,9 @@ type FakeKernel struct {
 	modules   map[string]FakeModule
 
 	mu     sync.Mutex
-	base   string   // the fixture's own /proc/modules lines
-	loaded []string // load order
+	base   string          // the fixture's own /proc/modules lines
+	fixed  map[string]bool // the modules on those lines: loaded, and never unloaded by the fake
+	loaded []string        // load order
 	params map[string]map[string]string
 	users  map[string]int // extra references, like open device files
 	busy   map[string]int // UnloadModule fails with EBUSY this many more times
@@ -39,7 +43,13 @@ type FakeKernel struct {
 // loaded; unknown names load with no dependencies.
 func NewFakeKernel(r host.Roots, modules map[string]FakeModule) *FakeKernel {
 	base, _ := os.ReadFile(filepath.Join(r.Proc, "modules"))
-	return &FakeKernel{proc: r.Proc, sys: r.Sys, modules: modules, base: string(base),
+	fixed := map[string]bool{}
+	for _, line := range strings.Split(string(base), "\n") {
+		if f := strings.Fields(line); len(f) > 0 {
+			fixed[f[0]] = true
+		}
+	}
+	return &FakeKernel{proc: r.Proc, sys: r.Sys, modules: modules, base: string(base), fixed: fixed,
 		params: map[string]map[string]string{}, users: map[string]int{}, busy: map[string]int{}}
 }
 
@@ -51,6 +61,21 @@ func (k *FakeKernel) LoadModule(m host.ModuleImage) error {
 	spec := k.modules[m.Name]
 	if spec.Err != nil {
 		return spec.Err
+	}
+	if m.Data != nil || m.Path != "" {
+		data := m.Data
+		if data == nil {
+			var err error
+			if data, err = os.ReadFile(m.Path); err != nil {
+				return err
+			}
+		}
+		info, err := modfile.Info(data)
+		if err != nil || info.Name != m.Name {
+			return unix.ENOEXEC
+		}
+		spec.Version, spec.Deps = info.Version, info.Depends
+		k.modules[m.Name] = spec
 	}
 	if k.isLoaded(m.Name) {
 		return unix.EEXIST
@@ -139,6 +164,9 @@ func (k *FakeKernel) Calls() []string {
 }
 
 func (k *FakeKernel) isLoaded(name string) bool {
+	if k.fixed[name] {
+		return true
+	}
 	for _, l := range k.loaded {
 		if l == name {
 			return true

@@ -1,0 +1,313 @@
+package modules
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+	"golang.org/x/sys/unix"
+
+	"github.com/driver-agent/driver-agent/pkg/exitcode"
+	"github.com/driver-agent/driver-agent/pkg/host"
+	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
+)
+
+type env struct {
+	roots  host.Roots
+	kernel *hosttest.FakeKernel
+	host   host.Host
+	dir    string
+}
+
+func newEnv(t *testing.T, specs map[string]hosttest.FakeModule) *env {
+	t.Helper()
+	dir := t.TempDir()
+	r := hosttest.Roots(t, dir)
+	k := hosttest.NewFakeKernel(r, specs)
+	return &env{roots: r, kernel: k, dir: dir, host: host.Host{Roots: r, Kernel: k, Files: host.OSFiles{}}}
+}
+
+func (e *env) loader() Loader {
+	return Loader{Host: e.host, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Release: "6.1.0-test"}
+}
+
+// module writes a stand-in module file and returns it resolved.
+func (e *env) module(t *testing.T, name, depends string) File {
+	t.Helper()
+	path := filepath.Join(e.dir, name+".ko")
+	os.WriteFile(path, hosttest.ModuleELF("name="+name, "version=1.0", "depends="+depends, "vermagic=6.1.0-other SMP mod_unload"), 0o644)
+	files, err := Resolve([]host.ModuleImage{{Name: name, Path: path}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files[0]
+}
+
+func TestResolveOrdersAndDecompresses(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	write := func(name string, data []byte) string {
+		p := filepath.Join(dir, name)
+		os.WriteFile(p, data, 0o644)
+		return p
+	}
+	var zbuf bytes.Buffer
+	zw, _ := zstd.NewWriter(&zbuf)
+	zw.Write(hosttest.ModuleELF("name=nvidia_drm", "depends=nvidia_modeset,drm"))
+	zw.Close()
+	images := []host.ModuleImage{
+		{Name: "nvidia_drm", Path: write("nvidia-drm.ko.zst", zbuf.Bytes())},
+		{Name: "nvidia_modeset", Path: write("nvidia-modeset.ko", hosttest.ModuleELF("name=nvidia-modeset", "depends=nvidia"))},
+		{Name: "nvidia", Path: write("nvidia.ko", hosttest.ModuleELF("name=nvidia", "depends="))},
+	}
+	files, err := Resolve(images)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var order []string
+	for _, f := range files {
+		order = append(order, f.Image.Name)
+	}
+	if !slices.Equal(order, []string{"nvidia", "nvidia_modeset", "nvidia_drm"}) {
+		t.Errorf("order %v", order)
+	}
+	if files[2].Image.Data == nil || files[0].Image.Data != nil {
+		t.Error("compressed modules must be decompressed into Data, plain ones loaded by file")
+	}
+	if _, err := Resolve([]host.ModuleImage{{Name: "nvidia_uvm", Path: images[2].Path}}); err == nil || !strings.Contains(err.Error(), `not "nvidia_uvm"`) {
+		t.Errorf("name mismatch: %v", err)
+	}
+	if _, err := Resolve([]host.ModuleImage{{Name: "x", Path: write("x.ko", []byte("not elf"))}}); err == nil {
+		t.Error("a file that is not a module was accepted")
+	}
+}
+
+func TestRollbackAtEachPosition(t *testing.T) {
+	t.Parallel()
+	names := []string{"nvidia", "nvidia_uvm", "nvidia_modeset"}
+	for fail := range names {
+		t.Run(names[fail], func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, map[string]hosttest.FakeModule{names[fail]: {Err: unix.EINVAL}})
+			files := []File{e.module(t, "nvidia", ""), e.module(t, "nvidia_uvm", "nvidia"), e.module(t, "nvidia_modeset", "nvidia")}
+			_, err := e.loader().Load(context.Background(), files)
+			if !errors.Is(err, exitcode.ErrModuleLoad) {
+				t.Fatalf("err = %v", err)
+			}
+			if l := e.kernel.Loaded(); len(l) != 0 {
+				t.Errorf("left loaded after rollback: %v", l)
+			}
+			var want []string
+			for i := 0; i <= fail; i++ {
+				want = append(want, "load "+names[i])
+			}
+			for i := fail - 1; i >= 0; i-- {
+				want = append(want, "unload "+names[i])
+			}
+			if got := e.kernel.Calls(); !slices.Equal(got, want) {
+				t.Errorf("calls %v, want %v", got, want)
+			}
+		})
+	}
+}
+
+// TestErrnoMessages checks the text an operator sees for each kernel refusal.
+func TestErrnoMessages(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		errno error
+		class error
+		want  []string
+	}{
+		{unix.ENODEV, exitcode.ErrNoGPU, []string{"load nvidia: the kernel found no NVIDIA GPU this driver supports", "no such device"}},
+		{unix.ENOEXEC, exitcode.ErrModuleLoad, []string{`invalid module format: the module was built for "6.1.0-other SMP mod_unload", the running kernel is 6.1.0-test`}},
+		{unix.ENOENT, exitcode.ErrModuleLoad, []string{"unknown symbols drm_gem_object_free, drm_dev_put; it depends on drm, which is not loaded", "kernel log: nvidia: Unknown symbol drm_gem_object_free (err -2)"}},
+		{unix.EKEYREJECTED, exitcode.ErrModuleLoad, []string{"refused the module's signature (Secure Boot or lockdown): it is unsigned"}},
+		{unix.EPERM, exitcode.ErrModuleLoad, []string{"Secure Boot or lockdown"}},
+	}
+	for _, c := range cases {
+		t.Run(c.errno.Error(), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, map[string]hosttest.FakeModule{"nvidia": {Err: c.errno}})
+			kmsg := filepath.Join(e.roots.Dev, "kmsg")
+			os.WriteFile(kmsg, []byte("6,1,1,-;old line before the load\n"), 0o644)
+			e.host.Kernel = kmsgWriter{e.kernel, kmsg}
+			_, err := e.loader().Load(context.Background(), []File{e.module(t, "nvidia", "drm")})
+			if !errors.Is(err, c.class) {
+				t.Fatalf("err %v is not %v", err, c.class)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("message\n%v\nlacks\n%s", err, w)
+				}
+			}
+			if strings.Contains(err.Error(), "old line") {
+				t.Error("kernel lines from before the load are reported")
+			}
+		})
+	}
+}
+
+// kmsgWriter appends kernel log lines as a failing load would.
+type kmsgWriter struct {
+	*hosttest.FakeKernel
+	path string
+}
+
+func (k kmsgWriter) LoadModule(m host.ModuleImage) error {
+	f, _ := os.OpenFile(k.path, os.O_APPEND|os.O_WRONLY, 0)
+	f.WriteString("4,2,2,-;nvidia: Unknown symbol drm_gem_object_free (err -2)\n SUBSYSTEM=module\n4,3,3,-;nvidia: Unknown symbol drm_dev_put (err -2)\n")
+	f.Close()
+	return k.FakeKernel.LoadModule(m)
+}
+
+func TestEEXIST(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, map[string]hosttest.FakeModule{"nvidia": {Version: "1.0"}})
+	if err := e.kernel.Preload("nvidia"); err != nil {
+		t.Fatal(err)
+	}
+	loaded, err := e.loader().Load(context.Background(), []File{e.module(t, "nvidia", "")})
+	if err != nil || !slices.Equal(loaded, []string{"nvidia"}) {
+		t.Fatalf("same version: loaded %v, %v; want it adopted", loaded, err)
+	}
+	f := e.module(t, "nvidia", "")
+	f.Info.Version = "2.0"
+	if _, err := e.loader().Load(context.Background(), []File{f}); err == nil || !strings.Contains(err.Error(), `loaded version "1.0", this one "2.0"`) {
+		t.Errorf("other version: %v", err)
+	}
+}
+
+func TestUnloadRetriesBusy(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, map[string]hosttest.FakeModule{"nvidia_uvm": {Deps: []string{"nvidia"}}})
+	e.kernel.Preload("nvidia", "nvidia_uvm")
+	e.kernel.BusyFor("nvidia", 2)
+	if err := Unload(context.Background(), e.host, slog.New(slog.NewTextHandler(io.Discard, nil)), []string{"nvidia"}, false); err != nil {
+		t.Fatal(err)
+	}
+	calls := e.kernel.Calls()
+	if !slices.Equal(calls, []string{"unload nvidia_uvm", "unload nvidia", "unload nvidia", "unload nvidia"}) {
+		t.Errorf("calls %v", calls)
+	}
+}
+
+func TestInUseNamesTheHolder(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, map[string]hosttest.FakeModule{"nvidia_uvm": {Deps: []string{"nvidia"}}})
+	e.kernel.Preload("nvidia", "nvidia_uvm")
+	e.kernel.Use("nvidia", 1)
+	proc := e.roots.Proc
+	os.MkdirAll(filepath.Join(proc, "4242/fd"), 0o755)
+	os.Symlink("/dev/nvidia0", filepath.Join(proc, "4242/fd/3"))
+	os.Symlink("/dev/null", filepath.Join(proc, "4242/fd/0"))
+	os.WriteFile(filepath.Join(proc, "4242/comm"), []byte("python3\n"), 0o644)
+	os.WriteFile(filepath.Join(proc, "4242/cgroup"), []byte("0::/kubepods/besteffort/pod1234/cri-containerd-abc\n"), 0o644)
+	os.MkdirAll(filepath.Join(proc, "77/fd"), 0o755)
+	os.Symlink("/dev/null", filepath.Join(proc, "77/fd/1"))
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	err := Unload(ctx, e.host, slog.New(slog.NewTextHandler(io.Discard, nil)), []string{"nvidia"}, false)
+	if !errors.Is(err, exitcode.ErrInUse) {
+		t.Fatalf("err = %v", err)
+	}
+	for _, want := range []string{"driver is in use", "nvidia busy", "pid 4242 (python3) has /dev/nvidia0 open in 0::/kubepods/besteffort/pod1234/cri-containerd-abc"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("%v\nlacks %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "pid 77") {
+		t.Error("a process without NVIDIA devices is named")
+	}
+	if !slices.Contains(e.kernel.Loaded(), "nvidia") {
+		t.Error("nvidia was removed although in use")
+	}
+}
+
+func TestParseDepAndClosure(t *testing.T) {
+	t.Parallel()
+	dep := "kernel/drivers/gpu/drm/drm.ko.xz: kernel/drivers/video/fbdev/core/fb.ko.xz kernel/drivers/i2c/i2c-core.ko.xz\nkernel/drivers/video/fbdev/core/fb.ko.xz:\nkernel/drivers/i2c/i2c-core.ko.xz:\n"
+	paths, deps, err := ParseDep(strings.NewReader(dep))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if paths["drm"] != "kernel/drivers/gpu/drm/drm.ko.xz" || !slices.Equal(deps["drm"], []string{"fb", "i2c_core"}) {
+		t.Errorf("paths %v deps %v", paths, deps)
+	}
+	tree := &Tree{Dir: "/m", Paths: paths, Deps: deps, Builtin: map[string]bool{"video": true}}
+	images, ok := tree.Closure("drm", map[string]bool{"fb": true})
+	if !ok || len(images) != 2 || images[0].Name != "i2c_core" || images[1].Name != "drm" || images[1].Path != "/m/kernel/drivers/gpu/drm/drm.ko.xz" {
+		t.Errorf("closure %+v", images)
+	}
+	if images, ok := tree.Closure("video", nil); !ok || images != nil {
+		t.Error("a built-in module must count as present")
+	}
+	if _, ok := tree.Closure("nope", nil); ok {
+		t.Error("unknown module reported as known")
+	}
+	for _, bad := range []string{"no colon here\n", "/abs/path.ko:\n", "a.ko: ../../etc/x.ko\n"} {
+		if _, _, err := ParseDep(strings.NewReader(bad)); err == nil {
+			t.Errorf("no error for %q", bad)
+		}
+	}
+}
+
+func TestKmsgSkipsOldRecords(t *testing.T) {
+	t.Parallel()
+	p := filepath.Join(t.TempDir(), "kmsg")
+	os.WriteFile(p, []byte("6,1,1,-;before\n"), 0o644)
+	k := OpenKmsg(p)
+	defer k.Close()
+	f, _ := os.OpenFile(p, os.O_APPEND|os.O_WRONLY, 0)
+	f.WriteString("3,2,2,-;NVRM: No NVIDIA GPU found.\n DEVICE=+pci:0\n")
+	f.Close()
+	if got := k.Lines(); !slices.Equal(got, []string{"NVRM: No NVIDIA GPU found."}) {
+		t.Errorf("lines %q", got)
+	}
+	if (*Kmsg)(nil).Lines() != nil || OpenKmsg(filepath.Join(t.TempDir(), "none")) != nil {
+		t.Error("a missing kmsg must read as nothing")
+	}
+}
+
+func FuzzParseDep(f *testing.F) {
+	f.Add("kernel/a.ko: kernel/b.ko\nkernel/b.ko:\n")
+	f.Add("x.ko.zst:\n\n")
+	f.Fuzz(func(t *testing.T, in string) {
+		paths, deps, err := ParseDep(strings.NewReader(in))
+		if err != nil {
+			return
+		}
+		for name, p := range paths {
+			if strings.HasPrefix(p, "/") || strings.Contains(p, "..") || name == "" && p == "" {
+				t.Fatalf("accepted %q -> %q", name, p)
+			}
+		}
+		for _, ds := range deps {
+			for _, d := range ds {
+				if strings.Contains(d, "/") {
+					t.Fatalf("dependency name %q has a slash", d)
+				}
+			}
+		}
+	})
+}
+
+func FuzzParseKmsg(f *testing.F) {
+	f.Add([]byte("6,1,1,-;hello\n SUBSYSTEM=x\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		for _, l := range ParseKmsg(data) {
+			if strings.Contains(l, "\n") || l == "" {
+				t.Fatalf("bad line %q", l)
+			}
+		}
+	})
+}

@@ -1,0 +1,224 @@
+package modules
+
+import (
+	"bufio"
+	"debug/elf"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/driver-agent/driver-agent/pkg/host"
+	"github.com/driver-agent/driver-agent/pkg/kernel"
+	"github.com/driver-agent/driver-agent/pkg/modfile"
+)
+
+// File is a module file resolved for loading.
+type File struct {
+	Image host.ModuleImage
+	Info  modfile.ModInfo
+}
+
+// Resolve reads each image's .modinfo (decompressing .ko.xz/.ko.zst/.ko.gz into Data, reading
+// only the section of a plain .ko) and returns the images ordered so that every module comes
+// after the modules of the set it depends on (depends= in .modinfo).
+func Resolve(images []host.ModuleImage) ([]File, error) {
+	files := make([]File, 0, len(images))
+	byName := map[string]int{}
+	for _, im := range images {
+		f, err := resolveOne(im)
+		if err != nil {
+			return nil, err
+		}
+		byName[f.Image.Name] = len(files)
+		files = append(files, f)
+	}
+	var ordered []File
+	state := map[string]int{}
+	var visit func(i int) error
+	visit = func(i int) error {
+		name := files[i].Image.Name
+		switch state[name] {
+		case 1:
+			return fmt.Errorf("module dependency cycle through %s", name)
+		case 2:
+			return nil
+		}
+		state[name] = 1
+		for _, d := range files[i].Info.Depends {
+			if j, ok := byName[kernel.Normalize(d)]; ok {
+				if err := visit(j); err != nil {
+					return err
+				}
+			}
+		}
+		state[name] = 2
+		ordered = append(ordered, files[i])
+		return nil
+	}
+	for i := range files {
+		if err := visit(i); err != nil {
+			return nil, err
+		}
+	}
+	return ordered, nil
+}
+
+func resolveOne(im host.ModuleImage) (File, error) {
+	c, err := modfile.CompressionFor(im.Path)
+	if err != nil {
+		return File{}, fmt.Errorf("module %s: %w", im.Path, err)
+	}
+	var info modfile.ModInfo
+	switch {
+	case im.Data != nil:
+		info, err = modfile.Info(im.Data)
+	case c != modfile.None:
+		var m *modfile.Module
+		if m, err = modfile.Open(im.Path); err == nil {
+			im.Data = m.Data
+			info, err = modfile.Info(m.Data)
+		}
+	default:
+		info, err = plainInfo(im.Path)
+	}
+	if err != nil {
+		return File{}, fmt.Errorf("module %s: %w", im.Path, err)
+	}
+	if im.Name == "" {
+		im.Name = kernel.Normalize(info.Name)
+	}
+	if info.Name != "" && kernel.Normalize(info.Name) != im.Name {
+		return File{}, fmt.Errorf("module %s: its .modinfo says it is %q, not %q", im.Path, info.Name, im.Name)
+	}
+	return File{Image: im, Info: info}, nil
+}
+
+// plainInfo reads only the .modinfo section of an uncompressed module, so a 70 MiB nvidia.ko is
+// not read into memory just to learn its dependencies.
+func plainInfo(path string) (modfile.ModInfo, error) {
+	f, err := elf.Open(path)
+	if err != nil {
+		return modfile.ModInfo{}, err
+	}
+	defer f.Close()
+	sec := f.Section(".modinfo")
+	if sec == nil {
+		return modfile.ModInfo{}, modfile.ErrNoModinfo
+	}
+	if sec.Size > 1<<20 {
+		return modfile.ModInfo{}, fmt.Errorf(".modinfo is %d bytes: %w", sec.Size, modfile.ErrMalformed)
+	}
+	data, err := sec.Data()
+	if err != nil {
+		return modfile.ModInfo{}, err
+	}
+	return modfile.ParseModinfo(data), nil
+}
+
+// Tree is a kernel's module directory (<...>/lib/modules/<release>) with its depmod files.
+type Tree struct {
+	Dir     string
+	Deps    map[string][]string // module name -> dependency names, in load order
+	Paths   map[string]string   // module name -> file, relative to Dir
+	Builtin map[string]bool
+}
+
+// FindTree returns the first of the candidate module directories for release that has a
+// modules.dep: the host's /usr/lib/modules (Flatcar), /lib/modules, /usr/lib64/modules (old
+// Flatcar), then the container's /lib/modules.
+func FindTree(r host.Roots, release string) (*Tree, error) {
+	candidates := []string{
+		r.InHost("usr/lib/modules", release), r.InHost("lib/modules", release), r.InHost("usr/lib64/modules", release),
+		r.InRoot("lib/modules", release), r.InRoot("usr/lib/modules", release),
+	}
+	var errs []error
+	for _, dir := range candidates {
+		t, err := ReadTree(dir)
+		if err == nil {
+			return t, nil
+		}
+		errs = append(errs, err)
+	}
+	return nil, fmt.Errorf("no modules.dep for kernel %s: %w", release, errors.Join(errs...))
+}
+
+// ReadTree reads dir/modules.dep and, when present, dir/modules.builtin.
+func ReadTree(dir string) (*Tree, error) {
+	f, err := os.Open(filepath.Join(dir, "modules.dep"))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	t := &Tree{Dir: dir}
+	if t.Paths, t.Deps, err = ParseDep(f); err != nil {
+		return nil, fmt.Errorf("%s: %w", f.Name(), err)
+	}
+	t.Builtin = map[string]bool{}
+	if b, err := os.Open(filepath.Join(dir, "modules.builtin")); err == nil {
+		defer b.Close()
+		sc := bufio.NewScanner(b)
+		for sc.Scan() {
+			if p := strings.TrimSpace(sc.Text()); p != "" {
+				t.Builtin[modfile.NameFromPath(p)] = true
+			}
+		}
+	}
+	return t, nil
+}
+
+// ParseDep parses modules.dep ("kernel/a/b.ko.xz: kernel/c.ko kernel/d.ko").
+func ParseDep(r io.Reader) (paths map[string]string, deps map[string][]string, err error) {
+	paths, deps = map[string]string{}, map[string][]string{}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 4096), 1<<20)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" {
+			continue
+		}
+		mod, rest, ok := strings.Cut(line, ":")
+		mod = strings.TrimSpace(mod)
+		if !ok || mod == "" || strings.Contains(mod, " ") || strings.HasPrefix(mod, "/") || strings.Contains(mod, "..") {
+			return nil, nil, fmt.Errorf("modules.dep line %d: want \"<module path>: <dependencies>\": %q", n, line)
+		}
+		name := modfile.NameFromPath(mod)
+		paths[name] = mod
+		for _, d := range strings.Fields(rest) {
+			if strings.HasPrefix(d, "/") || strings.Contains(d, "..") {
+				return nil, nil, fmt.Errorf("modules.dep line %d: bad dependency %q", n, d)
+			}
+			deps[name] = append(deps[name], modfile.NameFromPath(d))
+		}
+	}
+	return paths, deps, sc.Err()
+}
+
+// Closure returns the files to load for name, dependencies first (modules.dep lists them with the
+// deepest last), leaving out modules that are loaded or built in. ok is false when the tree does
+// not know the module at all.
+func (t *Tree) Closure(name string, loaded map[string]bool) (images []host.ModuleImage, ok bool) {
+	name = kernel.Normalize(name)
+	if t.Builtin[name] {
+		return nil, true
+	}
+	if _, known := t.Paths[name]; !known {
+		return nil, false
+	}
+	deps := t.Deps[name]
+	for i := len(deps) - 1; i >= 0; i-- {
+		d := deps[i]
+		if loaded[d] || t.Builtin[d] {
+			continue
+		}
+		if p, known := t.Paths[d]; known {
+			images = append(images, host.ModuleImage{Name: d, Path: filepath.Join(t.Dir, p)})
+		}
+	}
+	if !loaded[name] {
+		images = append(images, host.ModuleImage{Name: name, Path: filepath.Join(t.Dir, t.Paths[name])})
+	}
+	return images, true
+}
