@@ -455,3 +455,37 @@ func TestDryRunChangesNothing(t *testing.T) {
 		}
 	}
 }
+
+func TestHostManagedDriver(t *testing.T) {
+	dir := hosttest.UnpackFile(t, "../../test/fixtures/talos.txtar")
+	w := &world{dir: dir, roots: hosttest.Roots(t, dir), exec: &hosttest.FakeExec{}}
+	w.kernel = hosttest.NewFakeKernel(w.roots, nil)
+	w.mounter = hosttest.NewFakeMounter(w.roots)
+	os.MkdirAll(w.roots.InRoot("usr/bin"), 0o755)
+	os.WriteFile(w.roots.InRoot("usr/bin/nvidia-persistenced"), nil, 0o755)
+	w.before = files(hosttest.Snapshot(t, dir))
+
+	// The image's version differs from what the host loaded: a clear refusal, nothing touched.
+	err := w.agent(t, "--host-modules-timeout", "0s").Run(context.Background())
+	if !errors.Is(err, exitcode.ErrHostDriver) || !strings.Contains(err.Error(), "the host loaded nvidia 570.148.08, the image has 535.309.01") {
+		t.Fatalf("Run = %v", err)
+	}
+	os.Remove(w.roots.InRun("nvidia/driver-agent/status.json"))
+	w.assertClean(t)
+
+	a := w.agent(t)
+	a.Config.DriverVersion = "570.148.08"
+	cancel, done := startAgent(a)
+	defer cancel()
+	w.waitReady(t, done)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if calls := w.kernel.Calls(); len(calls) != 0 {
+		t.Errorf("host mode touched the kernel: %v", calls)
+	}
+	if _, err := os.Stat(w.roots.InRun("nvidia/nvidia-driver.state")); !os.IsNotExist(err) {
+		t.Error("host mode stored a digest")
+	}
+}

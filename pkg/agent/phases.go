@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -29,8 +30,11 @@ import (
 // agent opens.
 const firmwareSearchPath = "/run/nvidia/driver/lib/firmware"
 
-// nvidiaModules are the NVIDIA modules the agent owns; their holders are found at unload time.
-var nvidiaModules = []string{"nvidia_drm", "nvidia_peermem", "nvidia_modeset", "nvidia_uvm", "nvidia"}
+// NVIDIAModules are the NVIDIA modules the agent owns; their holders (gdrdrv, nvidia_fs, ...)
+// are found from sysfs at unload time.
+func NVIDIAModules() []string {
+	return []string{"nvidia_drm", "nvidia_peermem", "nvidia_modeset", "nvidia_uvm", "nvidia"}
+}
 
 func (r *run) detect(context.Context) error {
 	f, err := detect.Detect(r.Host.Roots)
@@ -141,26 +145,15 @@ func (r *run) prepare(ctx context.Context) error {
 func (r *run) load(ctx context.Context) error {
 	switch r.decision.Path {
 	case PathHost:
-		nv, err := kernel.ReadSysModule(r.Host.Sys, "nvidia")
-		if err != nil {
-			return err
-		}
-		if !nv.Loaded {
-			return fmt.Errorf("%w: the host manages the NVIDIA modules (%s) but nvidia is not loaded", exitcode.ErrHostDriver, r.decision.Reason)
-		}
-		if r.cfg.DriverVersion != "" && nv.Version != r.cfg.DriverVersion {
-			return fmt.Errorf("%w: the host loaded nvidia %s, the image has %s", exitcode.ErrHostDriver, nv.Version, r.cfg.DriverVersion)
-		}
-		r.Log.Info("using the host's NVIDIA driver", "version", nv.Version)
-		return nil
+		return r.waitForHostDriver(ctx)
 	case PathFast:
-		r.loaded = nvidiaModules
+		r.loaded = NVIDIAModules()
 		r.push(PhaseLoad, r.unloadUndo)
 		return nil
 	}
 	if r.decision.Reload {
 		r.Log.Info("Unloading NVIDIA driver kernel modules...")
-		if err := modules.Unload(ctx, r.Host, r.Log, nvidiaModules, r.cfg.DryRun); err != nil {
+		if err := modules.Unload(ctx, r.Host, r.Log, NVIDIAModules(), r.cfg.DryRun); err != nil {
 			return err
 		}
 	}
@@ -308,6 +301,40 @@ func (r *run) unloadPrereqs(context.Context) error {
 		}
 	}
 	return nil
+}
+
+// waitForHostDriver waits, bounded by --host-modules-timeout, for the host to have loaded nvidia
+// with the image's version; the agent never loads or unloads modules in this mode.
+func (r *run) waitForHostDriver(ctx context.Context) error {
+	deadline := time.Now().Add(r.cfg.HostModulesTimeout)
+	lastLog := time.Time{}
+	for {
+		nv, err := kernel.ReadSysModule(r.Host.Sys, "nvidia")
+		if err != nil {
+			return err
+		}
+		switch {
+		case nv.Loaded && (r.cfg.DriverVersion == "" || nv.Version == r.cfg.DriverVersion):
+			r.Log.Info("using the host's NVIDIA driver", "version", nv.Version, "why", r.decision.Reason)
+			return nil
+		case nv.Loaded:
+			return fmt.Errorf("%w: the host loaded nvidia %s, the image has %s: use the image that matches the host's driver", exitcode.ErrHostDriver, nv.Version, r.cfg.DriverVersion)
+		case r.cfg.DryRun:
+			r.notes = append(r.notes, "load: would wait up to "+r.cfg.HostModulesTimeout.String()+" for the host to load nvidia")
+			return nil
+		case time.Now().After(deadline):
+			return fmt.Errorf("%w: the host manages the NVIDIA modules (%s) but nvidia is not loaded after %s", exitcode.ErrHostDriver, r.decision.Reason, r.cfg.HostModulesTimeout)
+		}
+		if time.Since(lastLog) > 30*time.Second {
+			r.Log.Info("waiting for the host to load the NVIDIA driver", "why", r.decision.Reason, "timeout", r.cfg.HostModulesTimeout)
+			lastLog = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 // unloadUndo unloads the modules this run owns; only once they are gone does it remove the

@@ -18,6 +18,8 @@ import (
 	"github.com/driver-agent/driver-agent/pkg/config"
 	"github.com/driver-agent/driver-agent/pkg/exitcode"
 	"github.com/driver-agent/driver-agent/pkg/host"
+	"github.com/driver-agent/driver-agent/pkg/lock"
+	"github.com/driver-agent/driver-agent/pkg/modules"
 	"github.com/driver-agent/driver-agent/pkg/status"
 )
 
@@ -52,6 +54,8 @@ func Main(ctx context.Context, argv, environ []string, stdout, stderr io.Writer)
 		return runInit(ctx, prog, args, environ, stdout, stderr)
 	case "status":
 		return runStatus(prog, args, environ, stdout, stderr)
+	case "unload":
+		return runUnload(ctx, prog, args, environ, stderr)
 	case "version":
 		fmt.Fprintf(stdout, "driver-agent %s\n", version)
 		return 0
@@ -69,6 +73,7 @@ func usage(w io.Writer, prog string) {
 Commands:
   init        install and load the NVIDIA driver, start its daemons, share the driver root, wait for SIGTERM
   status      print what the running agent is doing (--output json for scripts)
+  unload      unload the NVIDIA modules (holders first); refuses while init runs
   version     print the version
   help        this text; "help init" lists every flag, "help exit-codes" the exit codes
 
@@ -170,5 +175,34 @@ func runStatus(prog string, args, environ []string, stdout, stderr io.Writer) in
 		return writeJSON(stdout, s)
 	}
 	fmt.Fprint(stdout, status.Format(s))
+	return 0
+}
+
+// runUnload is the one-shot unload: it takes the same lock as init, so it never pulls the driver
+// from under a running agent, and exits 10 naming the holders when the driver is in use.
+func runUnload(ctx context.Context, prog string, args, environ []string, stderr io.Writer) int {
+	cfg, code := parse(prog, "unload", args, environ, stderr)
+	if cfg == nil {
+		return code
+	}
+	log := newLogger(cfg, stderr)
+	paths := status.Paths{Run: cfg.Run}
+	l, err := lock.Acquire(paths.PIDFile(), os.Getpid())
+	if err != nil {
+		log.Error("refusing to unload", "error", err)
+		return exitcode.Code(err)
+	}
+	defer l.Release()
+	ctx, cancel := context.WithTimeout(ctx, cfg.ShutdownTimeout)
+	defer cancel()
+	h := host.Real(cfg.Roots)
+	log.Info("Unloading NVIDIA driver kernel modules...")
+	if err := modules.Unload(ctx, h, log, agent.NVIDIAModules(), false); err != nil {
+		log.Error("Could not unload NVIDIA driver kernel modules", "error", err)
+		return exitcode.Code(err)
+	}
+	if err := (status.Writer{Files: h.Files, Paths: paths}).ClearDigest(); err != nil {
+		log.Warn("could not remove the stored digest", "error", err)
+	}
 	return 0
 }

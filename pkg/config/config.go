@@ -32,12 +32,13 @@ type Config struct {
 	LogLevel       string // debug, info, warn, error
 	TerminationLog string
 
-	ShutdownTimeout   time.Duration
-	DaemonStopTimeout time.Duration
-	Modules           string // auto, load, host
-	LoadDRM           bool
-	PersistencedArgs  []string
-	ModuleParams      modparams.Set // --module-param module.key=value, over /drivers/<module>.conf
+	ShutdownTimeout    time.Duration
+	DaemonStopTimeout  time.Duration
+	HostModulesTimeout time.Duration
+	Modules            string // auto, load, host
+	LoadDRM            bool
+	PersistencedArgs   []string
+	ModuleParams       modparams.Set // --module-param module.key=value, over /drivers/<module>.conf
 
 	DriverVersion    string
 	DriverBranch     int
@@ -133,6 +134,7 @@ func Options() []Option {
 		ag(Option{Flag: "shutdown-timeout", Default: "25s", Usage: "deadline for the whole teardown after a signal (keep it under the pod's grace period)", set: duration(func(c *Config) *time.Duration { return &c.ShutdownTimeout }, time.Second, 10*time.Minute)}),
 		ag(Option{Flag: "daemon-stop-timeout", Default: "5s", Usage: "time a daemon gets after SIGTERM before SIGKILL", set: duration(func(c *Config) *time.Duration { return &c.DaemonStopTimeout }, 100*time.Millisecond, 5*time.Minute)}),
 		ag(Option{Flag: "modules", Default: "auto", Usage: "who owns the kernel modules: auto, load (this agent) or host (never load or unload)", set: oneOf(func(c *Config) *string { return &c.Modules }, "auto", "load", "host")}),
+		ag(Option{Flag: "host-modules-timeout", Default: "5m", Usage: "with --modules=host, how long to wait for the host to load nvidia", set: duration(func(c *Config) *time.Duration { return &c.HostModulesTimeout }, 0, 24*time.Hour)}),
 		ag(Option{Flag: "load-drm", Default: "false", Bool: true, Usage: "also load nvidia-drm", set: boolean(func(c *Config) *bool { return &c.LoadDRM })}),
 		ag(Option{Flag: "persistenced-args", Default: "--persistence-mode", Usage: "arguments for nvidia-persistenced", set: func(c *Config, v string) error {
 			if strings.ContainsFunc(v, unicode.IsControl) {

@@ -51,6 +51,7 @@ func TestEveryValidationError(t *testing.T) {
 		{"DRIVER_AGENT_TERMINATION_LOG=t", `DRIVER_AGENT_TERMINATION_LOG="t": want an absolute path`},
 		{"DRIVER_AGENT_SHUTDOWN_TIMEOUT=forever", `DRIVER_AGENT_SHUTDOWN_TIMEOUT="forever": want a duration from 1s to 10m0s`},
 		{"DRIVER_AGENT_DAEMON_STOP_TIMEOUT=1ms", `DRIVER_AGENT_DAEMON_STOP_TIMEOUT="1ms": want a duration from 100ms to 5m0s`},
+		{"DRIVER_AGENT_HOST_MODULES_TIMEOUT=soon", `DRIVER_AGENT_HOST_MODULES_TIMEOUT="soon": want a duration from 0s to 24h0m0s`},
 		{"DRIVER_AGENT_MODULES=kernel", `DRIVER_AGENT_MODULES="kernel": want one of auto, load, host`},
 		{"DRIVER_AGENT_LOAD_DRM=yes", `DRIVER_AGENT_LOAD_DRM="yes": want true or false`},
 		{"DRIVER_AGENT_PERSISTENCED_ARGS=a\x01b", `DRIVER_AGENT_PERSISTENCED_ARGS="a\x01b": want arguments without control characters`},

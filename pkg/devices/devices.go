@@ -34,9 +34,17 @@ const (
 
 // Node is a character device node to create.
 type Node struct {
-	Path  string `json:"path"`
-	Major uint32 `json:"major"`
-	Minor uint32 `json:"minor"`
+	Path  string      `json:"path"`
+	Major uint32      `json:"major"`
+	Minor uint32      `json:"minor"`
+	Mode  os.FileMode `json:"mode"` // permission bits; 0 means 0666
+}
+
+func (n Node) perm() os.FileMode {
+	if n.Mode == 0 {
+		return nodePerm
+	}
+	return n.Mode.Perm()
 }
 
 // ParseProcDevices returns the character device majors by name from /proc/devices.
@@ -128,7 +136,81 @@ func Plan(proc, dev string, modeset bool) ([]Node, error) {
 			Node{Path: filepath.Join(dev, "nvidia-uvm"), Major: uvm, Minor: 0},
 			Node{Path: filepath.Join(dev, "nvidia-uvm-tools"), Major: uvm, Minor: 1})
 	}
+	if capsMajor, ok := majors["nvidia-caps"]; ok {
+		caps, err := Capabilities(filepath.Join(proc, "driver/nvidia/capabilities"))
+		if err != nil {
+			return nil, fmt.Errorf("device nodes: %w", err)
+		}
+		for _, c := range caps {
+			nodes = append(nodes, Node{Path: filepath.Join(dev, "nvidia-caps", "nvidia-cap"+strconv.Itoa(int(c.Minor))), Major: capsMajor, Minor: c.Minor, Mode: c.Mode})
+		}
+	}
 	return nodes, nil
+}
+
+// Capability is one NVIDIA capability file (MIG config, monitor, per-instance access).
+type Capability struct {
+	File  string
+	Minor uint32
+	Mode  os.FileMode
+}
+
+// Capabilities reads every file under dir (/proc/driver/nvidia/capabilities) for its
+// "DeviceFileMinor" and "DeviceFileMode" lines.
+func Capabilities(dir string) ([]Capability, error) {
+	var caps []Capability
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if err != nil || d.IsDir() {
+			return err
+		}
+		data, err := kernel.ReadSmall(p)
+		if err != nil {
+			return err
+		}
+		c, err := ParseCapability(data)
+		if err != nil {
+			return fmt.Errorf("%s: %w", p, err)
+		}
+		c.File = p
+		caps = append(caps, c)
+		return nil
+	})
+	return caps, err
+}
+
+// ParseCapability reads a capability file's minor and mode (the mode is decimal, as the driver
+// prints it).
+func ParseCapability(data []byte) (Capability, error) {
+	var c Capability
+	var haveMinor, haveMode bool
+	for _, line := range strings.Split(string(data), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		v = strings.TrimSpace(v)
+		switch strings.TrimSpace(k) {
+		case "DeviceFileMinor":
+			n, err := strconv.ParseUint(v, 10, 20)
+			if err != nil {
+				return c, fmt.Errorf("bad DeviceFileMinor %q", v)
+			}
+			c.Minor, haveMinor = uint32(n), true
+		case "DeviceFileMode":
+			n, err := strconv.ParseUint(v, 10, 32)
+			if err != nil || n > 0o777 {
+				return c, fmt.Errorf("bad DeviceFileMode %q", v)
+			}
+			c.Mode, haveMode = os.FileMode(n), true
+		}
+	}
+	if !haveMinor || !haveMode {
+		return c, errors.New("no DeviceFileMinor or DeviceFileMode line")
+	}
+	return c, nil
 }
 
 // Create makes the nodes. A node that already exists with the right type and numbers is kept;
@@ -144,7 +226,10 @@ func Create(h host.Host, nodes []Node) ([]string, error) {
 		if err := h.Files.Remove(n.Path); err != nil {
 			return created, fmt.Errorf("replace %s: %w", n.Path, err)
 		}
-		if err := h.Mknoder.Mknod(n.Path, nodePerm, n.Major, n.Minor); err != nil {
+		if err := h.Files.MkdirAll(filepath.Dir(n.Path), 0o755); err != nil {
+			return created, err
+		}
+		if err := h.Mknoder.Mknod(n.Path, n.perm(), n.Major, n.Minor); err != nil {
 			return created, fmt.Errorf("mknod %s %d:%d: %w", n.Path, n.Major, n.Minor, err)
 		}
 		created = append(created, n.Path)
@@ -161,7 +246,7 @@ func matches(n Node) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("stat %s: %w", n.Path, err)
 	}
-	return st.Mode&unix.S_IFMT == unix.S_IFCHR && unix.Major(st.Rdev) == n.Major && unix.Minor(st.Rdev) == n.Minor && os.FileMode(st.Mode).Perm() == nodePerm, nil
+	return st.Mode&unix.S_IFMT == unix.S_IFCHR && unix.Major(st.Rdev) == n.Major && unix.Minor(st.Rdev) == n.Minor && os.FileMode(st.Mode).Perm() == n.perm(), nil
 }
 
 // Remove removes the given nodes (those Create made), last first.
