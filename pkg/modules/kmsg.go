@@ -4,27 +4,27 @@ import (
 	"bytes"
 	"errors"
 	"io"
-	"os"
 	"strings"
 
 	"golang.org/x/sys/unix"
 )
 
 // Kmsg reads the kernel log records written after it was opened. A nil *Kmsg (no /dev/kmsg, or
-// not readable) reads nothing.
-type Kmsg struct{ f *os.File }
+// not readable) reads nothing. It reads the raw descriptor: through os.File, Go's poller would
+// turn "no more records" (EAGAIN) into waiting for the next one.
+type Kmsg struct{ fd int }
 
 // OpenKmsg opens path (/dev/kmsg) without blocking and skips the records already there.
 func OpenKmsg(path string) *Kmsg {
-	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NONBLOCK, 0)
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil
 	}
-	if _, err := f.Seek(0, io.SeekEnd); err != nil {
-		f.Close()
+	if _, err := unix.Seek(fd, 0, io.SeekEnd); err != nil {
+		unix.Close(fd)
 		return nil
 	}
-	return &Kmsg{f: f}
+	return &Kmsg{fd: fd}
 }
 
 // Lines returns the messages of the records written since the last call (at most 200).
@@ -35,14 +35,14 @@ func (k *Kmsg) Lines() []string {
 	var lines []string
 	buf := make([]byte, 8192) // /dev/kmsg returns one record per read
 	for len(lines) < 200 {
-		n, err := k.f.Read(buf)
+		n, err := unix.Read(k.fd, buf)
 		if n > 0 {
 			lines = append(lines, ParseKmsg(buf[:n])...)
 		}
-		if err != nil || n == 0 {
-			if errors.Is(err, unix.EPIPE) { // records overwritten while we read: keep going
-				continue
-			}
+		if errors.Is(err, unix.EPIPE) || errors.Is(err, unix.EINTR) { // records overwritten while we read: keep going
+			continue
+		}
+		if err != nil || n <= 0 {
 			break
 		}
 	}
@@ -52,7 +52,7 @@ func (k *Kmsg) Lines() []string {
 // Close closes the reader.
 func (k *Kmsg) Close() {
 	if k != nil {
-		k.f.Close()
+		unix.Close(k.fd)
 	}
 }
 

@@ -166,9 +166,11 @@ func signed(m host.ModuleImage) bool {
 }
 
 // Unload removes the named modules and every loaded module that holds them, in holder order.
-// EBUSY and EAGAIN are retried with backoff until ctx ends; when the driver stays in use the
-// error wraps exitcode.ErrInUse and names the processes that hold /dev/nvidia*. With dryRun the
-// order is computed once and handed to h.Kernel (a recorder) without waiting for the result.
+// Nothing is removed while the set is in use from outside (a process with /dev/nvidia* open, or a
+// reference no holder explains): the agent waits with backoff until ctx is nearly over, then
+// returns an error wrapping exitcode.ErrInUse that names the processes, leaving every module
+// loaded, as NVIDIA's script does. EBUSY and EAGAIN from the kernel are retried the same way.
+// With dryRun the order is computed once and handed to h.Kernel (a recorder).
 func Unload(ctx context.Context, h host.Host, log *slog.Logger, names []string, dryRun bool) error {
 	if dryRun {
 		order, err := kernel.UnloadOrder(h.Sys, names)
@@ -181,6 +183,12 @@ func Unload(ctx context.Context, h host.Host, log *slog.Logger, names []string, 
 			}
 		}
 		return nil
+	}
+	// Keep a little of the deadline for the teardown steps after this one.
+	if deadline, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline.Add(-min(2*time.Second, time.Until(deadline)/5)))
+		defer cancel()
 	}
 	backoff := 50 * time.Millisecond
 	var prev []string
@@ -195,21 +203,29 @@ func Unload(ctx context.Context, h host.Host, log *slog.Logger, names []string, 
 		if slices.Equal(order, prev) {
 			return fmt.Errorf("unload: %s still loaded although the kernel accepted their removal", strings.Join(order, ", "))
 		}
-		var busy []string
-		for _, name := range order {
-			err := h.Kernel.UnloadModule(name)
-			switch {
-			case err == nil:
-				log.Info("unloaded kernel module", "module", name)
-			case errors.Is(err, unix.ENOENT):
-			case errors.Is(err, unix.EBUSY), errors.Is(err, unix.EAGAIN):
-				busy = append(busy, name)
-			default:
-				return fmt.Errorf("unload %s: %w", name, err)
+		busy, err := externalUsers(h.Sys, order)
+		if err != nil {
+			return err
+		}
+		if len(busy) == 0 {
+			for _, name := range order {
+				err := h.Kernel.UnloadModule(name)
+				switch {
+				case err == nil:
+					log.Info("unloaded kernel module", "module", name)
+				case errors.Is(err, unix.ENOENT):
+				case errors.Is(err, unix.EBUSY), errors.Is(err, unix.EAGAIN):
+					busy = append(busy, name)
+				default:
+					return fmt.Errorf("unload %s: %w", name, err)
+				}
+				if len(busy) > 0 {
+					break
+				}
 			}
 		}
 		if len(busy) == 0 {
-			prev = order // re-read: modules freed by this round may now be removable
+			prev = order // re-read: what this round freed may now be removable
 			continue
 		}
 		prev = nil
@@ -222,6 +238,22 @@ func Unload(ctx context.Context, h host.Host, log *slog.Logger, names []string, 
 		}
 		backoff = min(backoff*2, time.Second)
 	}
+}
+
+// externalUsers lists the modules of order whose reference count is more than their holders in
+// the set explain: something outside the set (an open device, another subsystem) uses them.
+func externalUsers(sys string, order []string) ([]string, error) {
+	var busy []string
+	for _, name := range order {
+		m, err := kernel.ReadSysModule(sys, name)
+		if err != nil {
+			return nil, err
+		}
+		if m.RefCnt > len(m.Holders) {
+			busy = append(busy, name)
+		}
+	}
+	return busy, nil
 }
 
 // User is a process that holds an NVIDIA device open.
