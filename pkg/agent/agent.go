@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/driver-agent/driver-agent/pkg/config"
@@ -20,6 +21,7 @@ import (
 	"github.com/driver-agent/driver-agent/pkg/exitcode"
 	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/lock"
+	"github.com/driver-agent/driver-agent/pkg/metrics"
 	"github.com/driver-agent/driver-agent/pkg/status"
 )
 
@@ -53,6 +55,10 @@ type Agent struct {
 	BeforePhase func(phase string)
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// Version is the agent's version, for the build-info metric.
+	Version string
+	// OnListen, when set, is told the metrics server's address once it listens.
+	OnListen func(addr string)
 }
 
 type undo struct {
@@ -60,12 +66,17 @@ type undo struct {
 	fn    func(context.Context) error
 }
 
-// run is the state of one Run.
+// run is the state of one Run. mu guards what the metrics read concurrently: status, facts,
+// decision, loaded, devices, daemons, errors and heartbeat.
 type run struct {
 	*Agent
 	cfg      *config.Config
 	st       status.Writer
+	mu       sync.Mutex
 	status   status.Status
+	errors   map[string]float64
+	lastShut string
+	beat     time.Time
 	facts    detect.Facts
 	decision Decision
 	images   []host.ModuleImage
@@ -91,6 +102,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		r.Now = time.Now
 	}
 	r.status = status.Status{Phase: "starting", DriverVersion: cfg.DriverVersion, Node: cfg.NodeName, PID: os.Getpid(), Started: r.Now()}
+	r.errors = map[string]float64{}
 	a.Log.Info("========== NVIDIA Software Installer ==========")
 	a.Log.Info(fmt.Sprintf("Starting installation of NVIDIA driver version %s", orUnset(cfg.DriverVersion)), "dry_run", cfg.DryRun)
 
@@ -103,6 +115,17 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 			return err
 		}
 		defer func() { err = errors.Join(err, l.Release()) }()
+	}
+	r.lastShut = previousShutdown(r.st.Paths)
+	if !cfg.DryRun && cfg.MetricsAddress != "" {
+		srv, err := metrics.Start(cfg.MetricsAddress, r, a.Log)
+		if err != nil {
+			return err
+		}
+		if a.OnListen != nil {
+			a.OnListen(srv.Addr())
+		}
+		r.push("metrics", srv.Shutdown) // runs last: scrapes see the teardown
 	}
 	if err := r.st.SetReady(false); err != nil {
 		return err
@@ -131,12 +154,12 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		a.Log.Info("Caught signal, tearing down")
 		runErr = nil
 	} else if runErr != nil {
-		r.status.LastError = runErr.Error()
+		r.update(func(s *status.Status) { s.LastError = runErr.Error() })
 		a.Log.Error("init failed, tearing down", "error", runErr)
 	}
 	tdErr := r.teardown()
 	if tdErr != nil {
-		r.status.LastError = errors.Join(runErr, tdErr).Error()
+		r.update(func(s *status.Status) { s.LastError = errors.Join(runErr, tdErr).Error() })
 		r.setPhase(PhaseTeardown) // keep the status file for people to read
 	}
 	return errors.Join(runErr, tdErr)
@@ -153,13 +176,25 @@ func (r *run) push(phase string, fn func(context.Context) error) {
 	r.undos = append(r.undos, undo{phase: phase, fn: fn})
 }
 
+// update changes the status under the lock.
+func (r *run) update(fn func(s *status.Status)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	fn(&r.status)
+}
+
 func (r *run) setPhase(name string) {
+	r.mu.Lock()
 	r.status.Phase = name
 	r.status.Updated = r.Now()
+	r.beat = r.Now()
+	s := r.status
+	s.Phases = append([]status.Timing(nil), r.status.Phases...)
+	r.mu.Unlock()
 	if r.cfg.DryRun {
 		return
 	}
-	if err := r.st.Write(r.status); err != nil {
+	if err := r.st.Write(s); err != nil {
 		r.Log.Warn("could not write status file", "error", err)
 	}
 }
@@ -173,20 +208,25 @@ func (r *run) runPhases(ctx context.Context, phases []phase) error {
 			return err
 		}
 		start := r.Now()
-		r.status.Phases = append(r.status.Phases, status.Timing{Name: p.name, Started: start, Result: "running"})
+		r.update(func(s *status.Status) {
+			s.Phases = append(s.Phases, status.Timing{Name: p.name, Started: start, Result: "running"})
+		})
 		r.setPhase(p.name)
 		err := p.fn(ctx)
-		t := &r.status.Phases[len(r.status.Phases)-1]
-		t.Duration = r.Now().Sub(start)
-		switch {
-		case err == nil:
-			t.Result = "ok"
-		case errors.Is(err, context.Canceled):
-			t.Result = "cancelled"
-		default:
-			t.Result, t.Error = "failed", err.Error()
-		}
-		r.Log.Debug("phase finished", "phase", p.name, "result", t.Result, "duration", t.Duration)
+		r.update(func(s *status.Status) {
+			t := &s.Phases[len(s.Phases)-1]
+			t.Duration = r.Now().Sub(start)
+			switch {
+			case err == nil:
+				t.Result = "ok"
+			case errors.Is(err, context.Canceled):
+				t.Result = "cancelled"
+			default:
+				t.Result, t.Error = "failed", err.Error()
+				r.errors[p.name]++
+			}
+			r.Log.Debug("phase finished", "phase", p.name, "result", t.Result, "duration", t.Duration)
+		})
 		if err != nil {
 			if r.cfg.DryRun && !errors.Is(err, context.Canceled) {
 				r.notes = append(r.notes, fmt.Sprintf("%s: would fail: %v", p.name, err))
@@ -214,11 +254,19 @@ func (r *run) wait(ctx context.Context) error {
 			}
 		}()
 	}
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case d := <-watched:
-		return fmt.Errorf("%w: %s exited while the driver was ready", exitcode.ErrDaemon, d.Spec.Name)
+	tick := time.NewTicker(5 * time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case d := <-watched:
+			return fmt.Errorf("%w: %s exited while the driver was ready", exitcode.ErrDaemon, d.Spec.Name)
+		case <-tick.C:
+			r.mu.Lock()
+			r.beat = r.Now()
+			r.mu.Unlock()
+		}
 	}
 }
 

@@ -23,6 +23,7 @@ import (
 	"github.com/driver-agent/driver-agent/pkg/kernel"
 	"github.com/driver-agent/driver-agent/pkg/modparams"
 	"github.com/driver-agent/driver-agent/pkg/modules"
+	"github.com/driver-agent/driver-agent/pkg/status"
 )
 
 // firmwareSearchPath is where the host kernel finds the GSP firmware: the container's
@@ -41,8 +42,10 @@ func (r *run) detect(context.Context) error {
 	if err != nil {
 		return err
 	}
+	r.mu.Lock()
 	r.facts = f
 	r.status.Kernel = f.KernelRelease
+	r.mu.Unlock()
 	for _, w := range f.Warnings {
 		r.Log.Warn(w)
 	}
@@ -85,8 +88,10 @@ func (r *run) decide(ctx context.Context) error {
 		}
 	}
 	d.Modules, d.ModulesWhy = r.moduleSet()
+	r.mu.Lock()
 	r.decision = d
 	r.status.InstallPath, r.status.PathReason, r.status.Flavor = d.Path, d.Reason, d.Flavor
+	r.mu.Unlock()
 	r.Log.Info("install path chosen", "path", d.Path, "reason", d.Reason, "flavor", d.Flavor, "flavor_reason", d.FlavorReason)
 	return nil
 }
@@ -186,7 +191,9 @@ func (r *run) load(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	r.mu.Lock()
 	r.loaded = loaded
+	r.mu.Unlock()
 	r.push(PhaseLoad, r.unloadUndo)
 	return nil
 }
@@ -403,7 +410,9 @@ func (r *run) devicesPhase(context.Context) error {
 		return err
 	}
 	created, err := devices.Create(r.Host, nodes)
+	r.mu.Lock()
 	r.devices = append(r.devices, created...)
+	r.mu.Unlock()
 	return err
 }
 
@@ -432,7 +441,9 @@ func (r *run) daemonsPhase(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	r.mu.Lock()
 	r.daemons = append(r.daemons, d)
+	r.mu.Unlock()
 	r.push(PhaseDaemons, func(ctx context.Context) error {
 		r.Log.Info("Stopping NVIDIA persistence daemon...")
 		return d.Stop(ctx, r.cfg.DaemonStopTimeout)
@@ -541,13 +552,13 @@ func (r *run) ready(context.Context) error {
 		}
 		r.Log.Info("Driver configuration digest stored", "path", r.st.Paths.State())
 	}
-	r.status.Ready = true // status.json says ready no later than the operator's file
+	r.update(func(s *status.Status) { s.Ready = true }) // status.json says ready no later than the operator's file
 	r.setPhase(PhaseReady)
 	if err := r.st.SetReady(true); err != nil {
 		return err
 	}
 	r.push(PhaseReady, func(context.Context) error {
-		r.status.Ready = false
+		r.update(func(s *status.Status) { s.Ready = false })
 		return r.st.SetReady(false)
 	})
 	return nil

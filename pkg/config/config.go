@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"regexp"
 	"sort"
 	"strconv"
@@ -31,6 +32,7 @@ type Config struct {
 	LogFormat      string // text or json
 	LogLevel       string // debug, info, warn, error
 	TerminationLog string
+	MetricsAddress string
 
 	ShutdownTimeout    time.Duration
 	DaemonStopTimeout  time.Duration
@@ -131,6 +133,17 @@ func Options() []Option {
 		ag(Option{Flag: "log-format", Default: "text", Usage: "log format: text or json", set: oneOf(func(c *Config) *string { return &c.LogFormat }, "text", "json")}),
 		ag(Option{Flag: "log-level", Default: "info", Usage: "log level: debug, info, warn or error", set: oneOf(func(c *Config) *string { return &c.LogLevel }, "debug", "info", "warn", "error")}),
 		ag(Option{Flag: "termination-log", Default: "/dev/termination-log", Usage: "file that receives a one-line exit cause when it exists and is writable", set: path(func(c *Config) *string { return &c.TerminationLog })}),
+		ag(Option{Flag: "metrics-address", Default: ":9402", Usage: "listen address for /metrics, /healthz and /readyz; empty or off disables", set: func(c *Config, v string) error {
+			if v == "" || v == "off" {
+				c.MetricsAddress = ""
+				return nil
+			}
+			if _, port, err := net.SplitHostPort(v); err != nil || port == "" {
+				return errors.New("want host:port or :port, such as :9402")
+			}
+			c.MetricsAddress = v
+			return nil
+		}}),
 		ag(Option{Flag: "shutdown-timeout", Default: "25s", Usage: "deadline for the whole teardown after a signal (keep it under the pod's grace period)", set: duration(func(c *Config) *time.Duration { return &c.ShutdownTimeout }, time.Second, 10*time.Minute)}),
 		ag(Option{Flag: "daemon-stop-timeout", Default: "5s", Usage: "time a daemon gets after SIGTERM before SIGKILL", set: duration(func(c *Config) *time.Duration { return &c.DaemonStopTimeout }, 100*time.Millisecond, 5*time.Minute)}),
 		ag(Option{Flag: "modules", Default: "auto", Usage: "who owns the kernel modules: auto, load (this agent) or host (never load or unload)", set: oneOf(func(c *Config) *string { return &c.Modules }, "auto", "load", "host")}),

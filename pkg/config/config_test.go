@@ -49,6 +49,7 @@ func TestEveryValidationError(t *testing.T) {
 		{"DRIVER_AGENT_LOG_FORMAT=xml", `DRIVER_AGENT_LOG_FORMAT="xml": want one of text, json`},
 		{"DRIVER_AGENT_LOG_LEVEL=loud", `DRIVER_AGENT_LOG_LEVEL="loud": want one of debug, info, warn, error`},
 		{"DRIVER_AGENT_TERMINATION_LOG=t", `DRIVER_AGENT_TERMINATION_LOG="t": want an absolute path`},
+		{"DRIVER_AGENT_METRICS_ADDRESS=9402", `DRIVER_AGENT_METRICS_ADDRESS="9402": want host:port or :port, such as :9402`},
 		{"DRIVER_AGENT_SHUTDOWN_TIMEOUT=forever", `DRIVER_AGENT_SHUTDOWN_TIMEOUT="forever": want a duration from 1s to 10m0s`},
 		{"DRIVER_AGENT_DAEMON_STOP_TIMEOUT=1ms", `DRIVER_AGENT_DAEMON_STOP_TIMEOUT="1ms": want a duration from 100ms to 5m0s`},
 		{"DRIVER_AGENT_HOST_MODULES_TIMEOUT=soon", `DRIVER_AGENT_HOST_MODULES_TIMEOUT="soon": want a duration from 0s to 24h0m0s`},

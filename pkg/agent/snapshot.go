@@ -1,0 +1,67 @@
+package agent
+
+import (
+	"os"
+	"strings"
+	"time"
+
+	"github.com/driver-agent/driver-agent/pkg/kernel"
+	"github.com/driver-agent/driver-agent/pkg/metrics"
+	"github.com/driver-agent/driver-agent/pkg/status"
+)
+
+// Phases lists every phase name, in order.
+func Phases() []string {
+	return []string{PhaseDetect, PhaseDecide, PhasePrepare, PhaseLoad, PhaseDevices, PhaseDaemons, PhaseShareRoot, PhaseReady, PhaseWait, PhaseTeardown}
+}
+
+// Snapshot implements metrics.Source: the run's state, read under its lock.
+func (r *run) Snapshot() metrics.Snapshot {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := metrics.Snapshot{
+		AgentVersion: r.Version, DriverVersion: r.cfg.DriverVersion, DriverBranch: r.cfg.DriverBranch,
+		Flavor: r.decision.Flavor, Kernel: r.facts.KernelRelease, OS: strings.TrimSpace(r.facts.OS.ID + " " + r.facts.OS.VersionID),
+		InstallPath: r.decision.Path, Phase: r.status.Phase, Phases: Phases(), Ready: r.status.Ready,
+		DeviceNodes: len(r.devices), GPUs: len(r.facts.GPUs), NVSwitches: len(r.facts.NVSwitches),
+		Errors: map[string]float64{}, LastShutdown: r.lastShut,
+	}
+	// Alive: a phase is running (each is bounded by its own timeouts), or the wait loop ticked lately.
+	s.Alive = r.status.Phase != PhaseWait || r.Now().Sub(r.beat) < time.Minute
+	for _, t := range r.status.Phases {
+		d := t.Duration
+		if t.Result == "running" {
+			d = r.Now().Sub(t.Started)
+		}
+		s.Timing = append(s.Timing, metrics.PhaseDuration{Phase: t.Name, Seconds: d.Seconds()})
+	}
+	for _, name := range r.loaded {
+		if m, err := kernel.ReadSysModule(r.Host.Sys, name); err == nil && m.Loaded {
+			s.Modules = append(s.Modules, metrics.Module{Name: name, Version: m.Version})
+		}
+	}
+	for _, d := range r.daemons {
+		s.Daemons = append(s.Daemons, metrics.Daemon{Name: d.Spec.Name, Up: d.State() == "up"})
+	}
+	for k, v := range r.errors {
+		s.Errors[k] = v
+	}
+	return s
+}
+
+// previousShutdown says how the last agent on this node ended: a clean teardown removes
+// status.json, a failed one leaves it with its error.
+func previousShutdown(p status.Paths) string {
+	prev, err := status.Read(p)
+	switch {
+	case os.IsNotExist(err) || err != nil && strings.Contains(err.Error(), "no status at"):
+		return "clean_or_first_start"
+	case err != nil:
+		return "unknown"
+	case strings.Contains(prev.LastError, "in use"):
+		return "in_use"
+	case prev.LastError != "":
+		return "error"
+	}
+	return "killed" // status.json without an error: the previous agent never reached teardown's end
+}
