@@ -61,6 +61,8 @@ func Main(ctx context.Context, argv, environ []string, stdout, stderr io.Writer)
 		return 0
 	case "help":
 		return help(prog, args, stdout, stderr)
+	case "precompiled":
+		return runPrecompiled(prog, args, stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "%s: unknown command %q\n\n", prog, cmd)
 	usage(stderr, prog)
@@ -75,6 +77,7 @@ Commands:
   status      print what the running agent is doing (--output json for scripts)
   unload      unload the NVIDIA modules (holders first); refuses while init runs
   version     print the version
+  precompiled read, match, pack and unpack NVIDIA precompiled kernel-interface packages
   help        this text; "help init" lists every flag, "help exit-codes" the exit codes
 
 "%[1]s --dry-run" is "%[1]s init --dry-run": decide and print the plan without changing anything.

@@ -1,0 +1,509 @@
+// Package cache is the host cache of ready kernel modules.
+//
+// After the agent has linked or built the NVIDIA modules for a kernel, it
+// stores them here, keyed by everything that decides their contents: the
+// kernel banner (/proc/version's first line), the driver version, the module
+// flavour and the build parameters. A later start on the same node, including
+// after a reboot into the same kernel when the cache directory is a hostPath,
+// finds them and skips the link or build.
+//
+// Each entry is a directory named after the key's hash holding
+//
+//	package.bin     the modules as a precompiled package of complete-module records
+//	modules/<file>  the same modules unpacked, ready to load
+//	manifest.json   the key and the sha256 of the package and of every module
+//
+// Entries are written to a temporary directory and renamed into place, so a
+// crash never leaves a half-written entry under its final name. Lookup
+// verifies every sha256 before it returns an entry and removes an entry that
+// fails; Prune bounds the number of entries, removing the least recently used
+// first.
+package cache
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/driver-agent/driver-agent/pkg/kernel"
+	"github.com/driver-agent/driver-agent/pkg/link"
+	"github.com/driver-agent/driver-agent/pkg/precompiled"
+)
+
+// File names inside an entry.
+const (
+	// ManifestFile is the entry's manifest.
+	ManifestFile = "manifest.json"
+	// PackageFile is the entry's precompiled package.
+	PackageFile = "package.bin"
+	// ModulesDir is the directory of the unpacked modules, and the target
+	// directory of every record in the package.
+	ModulesDir = "modules"
+)
+
+// Prefixes of the hidden working directories Store leaves behind only when
+// interrupted; Prune removes them once they are StaleAge old.
+const (
+	tmpPrefix = ".tmp-"
+	oldPrefix = ".old-"
+)
+
+// StaleAge is how old an interrupted Store's working directory must be before
+// Prune removes it.
+const StaleAge = time.Hour
+
+// Sentinel errors; test with errors.Is.
+var (
+	// ErrCorrupt means a cache entry or a manifest failed verification.
+	// Lookup removes such an entry before returning the error.
+	ErrCorrupt = errors.New("corrupt cache entry")
+	// ErrInvalid means a key or a set of modules cannot be stored.
+	ErrInvalid = errors.New("invalid cache input")
+)
+
+// Key identifies the modules for one kernel and driver build.
+type Key struct {
+	// Banner is the first line of the kernel's /proc/version, compared byte
+	// for byte.
+	Banner string `json:"banner"`
+	// DriverVersion is the NVIDIA driver version, e.g. "595.71.05".
+	DriverVersion string `json:"driver_version"`
+	// Flavor is the module flavour: "open" or "proprietary".
+	Flavor string `json:"flavor"`
+	// BuildParams are the inputs that change the built modules (e.g. make
+	// variables), in the order given: a different order is a different key.
+	BuildParams []string `json:"build_params"`
+}
+
+// Name returns the entry directory name for k: the lower-case hex sha256 of
+// an unambiguous encoding of every field.
+func (k Key) Name() string {
+	h := sha256.New()
+	h.Write([]byte("driver-agent cache key v1\x00"))
+	field := func(s string) {
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(s)))
+		h.Write(n[:])
+		h.Write([]byte(s))
+	}
+	field(k.Banner)
+	field(k.DriverVersion)
+	field(k.Flavor)
+	for _, p := range k.BuildParams {
+		field(p)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// Equal reports whether k and o are the same key (nil and empty BuildParams
+// are equal).
+func (k Key) Equal(o Key) bool {
+	return k.Banner == o.Banner && k.DriverVersion == o.DriverVersion && k.Flavor == o.Flavor &&
+		slices.Equal(k.BuildParams, o.BuildParams)
+}
+
+func (k Key) validate() error {
+	switch {
+	case k.Banner == "" || strings.ContainsAny(k.Banner, "\n\x00"):
+		return fmt.Errorf("key: banner %q must be one non-empty line", k.Banner)
+	case k.DriverVersion == "":
+		return errors.New("key: empty driver version")
+	case k.Flavor == "":
+		return errors.New("key: empty flavor")
+	}
+	return nil
+}
+
+// Entry is a verified cache entry.
+type Entry struct {
+	// Dir is the entry's directory.
+	Dir string
+	// Manifest is the entry's manifest.
+	Manifest *Manifest
+	// Modules are the entry's modules, with paths inside Dir.
+	Modules []link.Module
+}
+
+// Store writes modules to the cache in dir under key, replacing an entry
+// already stored under it, and returns the new entry. dir is created (mode
+// 0700) when missing. Module files are read whole; each module's Name must be
+// a kernel module name and the files' base names must be distinct, since the
+// entry stores each as modules/<base name>.
+func Store(dir string, key Key, modules []link.Module) (Entry, error) {
+	if err := key.validate(); err != nil {
+		return Entry{}, fmt.Errorf("cache store: %w: %w", ErrInvalid, err)
+	}
+	if len(modules) == 0 || len(modules) > maxModules {
+		return Entry{}, fmt.Errorf("cache store: %w: %d modules, want 1 to %d", ErrInvalid, len(modules), maxModules)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return Entry{}, fmt.Errorf("cache store: %w", err)
+	}
+	name := key.Name()
+	tmp, err := os.MkdirTemp(dir, tmpPrefix+name[:16]+"-")
+	if err != nil {
+		return Entry{}, fmt.Errorf("cache store: %w", err)
+	}
+	if err := fill(tmp, key, modules); err != nil {
+		return Entry{}, errors.Join(fmt.Errorf("cache store: %w", err), os.RemoveAll(tmp))
+	}
+	final := filepath.Join(dir, name)
+	if err := install(tmp, final); err != nil {
+		return Entry{}, errors.Join(fmt.Errorf("cache store: %w", err), os.RemoveAll(tmp))
+	}
+	e, err := verify(final, key)
+	if err != nil {
+		return Entry{}, fmt.Errorf("cache store: %w", err)
+	}
+	return e, nil
+}
+
+// fill writes a complete entry into the empty directory tmp.
+func fill(tmp string, key Key, modules []link.Module) error {
+	p := &precompiled.Package{DriverVersion: key.DriverVersion, ProcVersion: key.Banner,
+		Description: "driver-agent module cache: " + key.Flavor}
+	m := &Manifest{Format: ManifestFormat, Key: key}
+	m.Key.BuildParams = slices.Clone(key.BuildParams)
+	for _, mod := range modules {
+		file := filepath.Base(mod.Path)
+		if !kernel.ValidModuleName(mod.Name) || strings.Contains(mod.Name, "-") {
+			return fmt.Errorf("%w: module name %q", ErrInvalid, mod.Name)
+		}
+		if err := checkFile(file); err != nil {
+			return fmt.Errorf("%w: module %s: %w", ErrInvalid, mod.Name, err)
+		}
+		data, err := readModule(mod.Path)
+		if err != nil {
+			return err
+		}
+		f, err := precompiled.NewKernelModule(file, ModulesDir, data, mod.Signed)
+		if err != nil {
+			return fmt.Errorf("%w: module %s: %w", ErrInvalid, mod.Name, err)
+		}
+		if err := p.Append(f); err != nil {
+			return fmt.Errorf("%w: module %s: %w", ErrInvalid, mod.Name, err)
+		}
+		sum := sha256.Sum256(data)
+		m.Modules = append(m.Modules, ModuleSum{Name: mod.Name, File: file, Size: int64(len(data)),
+			SHA256: hex.EncodeToString(sum[:]), Signed: mod.Signed})
+	}
+	sum, err := writeSynced(filepath.Join(tmp, PackageFile), func(w io.Writer) error {
+		_, err := p.WriteTo(w)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	m.Package = FileSum{File: PackageFile, SHA256: sum}
+	if err := m.validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	if err := os.Mkdir(filepath.Join(tmp, ModulesDir), 0o755); err != nil {
+		return err
+	}
+	paths, err := precompiled.Unpack(p, tmp)
+	if err != nil {
+		return err
+	}
+	for _, path := range paths {
+		if err := syncPath(path); err != nil {
+			return err
+		}
+	}
+	manifest, err := m.marshal()
+	if err != nil {
+		return err
+	}
+	if _, err := writeSynced(filepath.Join(tmp, ManifestFile), func(w io.Writer) error {
+		_, err := w.Write(manifest)
+		return err
+	}); err != nil {
+		return err
+	}
+	if err := syncPath(filepath.Join(tmp, ModulesDir)); err != nil {
+		return err
+	}
+	return syncPath(tmp)
+}
+
+// install renames the complete entry tmp to final, moving an existing entry
+// out of the way first.
+func install(tmp, final string) error {
+	dir := filepath.Dir(final)
+	old := filepath.Join(dir, oldPrefix+filepath.Base(final))
+	if err := os.RemoveAll(old); err != nil {
+		return err
+	}
+	if err := os.Rename(final, old); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		return err
+	}
+	if err := syncPath(dir); err != nil {
+		return err
+	}
+	return os.RemoveAll(old)
+}
+
+// readModule reads a module file, refusing anything that is not a regular
+// file or is larger than a package may be.
+func readModule(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%w: %s is not a regular file", ErrInvalid, path)
+	}
+	if st.Size() > precompiled.MaxPackageSize {
+		return nil, fmt.Errorf("%w: %s: %d bytes", ErrInvalid, path, st.Size())
+	}
+	return io.ReadAll(f)
+}
+
+// writeSynced creates path (mode 0644), fills it with write, syncs it and
+// returns the sha256 of what was written.
+func writeSynced(path string, write func(io.Writer) error) (sum string, err error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return "", err
+	}
+	defer func() { err = errors.Join(err, f.Close()) }()
+	h := sha256.New()
+	if err := write(io.MultiWriter(f, h)); err != nil {
+		return "", fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := f.Sync(); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// syncPath fsyncs a file or directory.
+func syncPath(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	return errors.Join(f.Sync(), f.Close())
+}
+
+// Lookup returns the entry stored under key in dir after verifying it.
+//
+// A missing entry is a plain miss (ok false, nil error). An entry that fails
+// verification (an unreadable or inconsistent manifest, a file whose sha256
+// differs, a package that does not parse or does not hold the listed modules,
+// a manifest for another key) is removed and reported as a miss: ok is false
+// and the error, wrapping ErrCorrupt, gives the reason. Other errors (an
+// invalid key, an unreadable cache directory) are returned as they are.
+//
+// A hit sets the manifest's modification time to now, so that Prune removes
+// the least recently used entries first.
+func Lookup(dir string, key Key) (Entry, bool, error) {
+	if err := key.validate(); err != nil {
+		return Entry{}, false, fmt.Errorf("cache lookup: %w: %w", ErrInvalid, err)
+	}
+	final := filepath.Join(dir, key.Name())
+	if _, err := os.Lstat(final); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return Entry{}, false, nil
+		}
+		return Entry{}, false, fmt.Errorf("cache lookup: %w", err)
+	}
+	e, err := verify(final, key)
+	if err != nil {
+		if !errors.Is(err, ErrCorrupt) {
+			return Entry{}, false, fmt.Errorf("cache lookup: %w", err)
+		}
+		if rmErr := os.RemoveAll(final); rmErr != nil {
+			return Entry{}, false, fmt.Errorf("cache lookup: %w; removing it failed: %w", err, rmErr)
+		}
+		return Entry{}, false, fmt.Errorf("cache lookup: %w (removed)", err)
+	}
+	now := time.Now()
+	// Best effort: a failed touch only makes the entry look older to Prune.
+	_ = os.Chtimes(filepath.Join(final, ManifestFile), now, now)
+	return e, true, nil
+}
+
+// verify checks the entry in dir against key and returns it. Every problem
+// with the entry's contents wraps ErrCorrupt.
+func verify(dir string, key Key) (Entry, error) {
+	corrupt := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s: %s", ErrCorrupt, dir, fmt.Sprintf(format, args...))
+	}
+	st, err := os.Lstat(dir)
+	if err != nil {
+		return Entry{}, err
+	}
+	if !st.IsDir() {
+		return Entry{}, corrupt("not a directory")
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return Entry{}, err
+	}
+	defer root.Close()
+
+	mf, err := root.Open(ManifestFile)
+	if err != nil {
+		return Entry{}, corrupt("%v", err)
+	}
+	m, err := readManifest(mf)
+	mf.Close()
+	if err != nil {
+		return Entry{}, corrupt("%s: %v", ManifestFile, err)
+	}
+	if !m.Key.Equal(key) {
+		return Entry{}, corrupt("manifest is for another key")
+	}
+
+	var p *precompiled.Package
+	sum, err := hashFile(root, m.Package.File, func(r io.Reader) error {
+		var err error
+		p, err = precompiled.Read(r)
+		return err
+	})
+	if err != nil {
+		return Entry{}, corrupt("%s: %v", m.Package.File, err)
+	}
+	if sum != m.Package.SHA256 {
+		return Entry{}, corrupt("%s: sha256 %s, manifest says %s", m.Package.File, sum, m.Package.SHA256)
+	}
+	if p.DriverVersion != key.DriverVersion || p.ProcVersion != key.Banner {
+		return Entry{}, corrupt("%s: header does not match the key", m.Package.File)
+	}
+	if len(p.Files) != len(m.Modules) {
+		return Entry{}, corrupt("%s holds %d files, manifest lists %d modules", m.Package.File, len(p.Files), len(m.Modules))
+	}
+	e := Entry{Dir: dir, Manifest: m}
+	for i, mod := range m.Modules {
+		f := &p.Files[i]
+		got := sha256.Sum256(f.Data)
+		if f.Type != precompiled.KernelModule || f.Name != mod.File || f.TargetDirectory != ModulesDir ||
+			hex.EncodeToString(got[:]) != mod.SHA256 || int64(len(f.Data)) != mod.Size {
+			return Entry{}, corrupt("%s: record %d does not match module %s in the manifest", m.Package.File, i, mod.Name)
+		}
+		rel := filepath.Join(ModulesDir, mod.File)
+		var size int64
+		sum, err := hashFile(root, rel, func(r io.Reader) error {
+			var err error
+			size, err = io.Copy(io.Discard, r)
+			return err
+		})
+		if err != nil {
+			return Entry{}, corrupt("%s: %v", rel, err)
+		}
+		if sum != mod.SHA256 || size != mod.Size {
+			return Entry{}, corrupt("%s: sha256 %s (%d bytes), manifest says %s (%d bytes)", rel, sum, size, mod.SHA256, mod.Size)
+		}
+		e.Modules = append(e.Modules, link.Module{Name: mod.Name, Path: filepath.Join(dir, rel), Signed: mod.Signed})
+	}
+	return e, nil
+}
+
+// hashFile opens the regular file rel under root, passes its contents to use
+// and returns their sha256.
+func hashFile(root *os.Root, rel string, use func(io.Reader) error) (string, error) {
+	st, err := root.Lstat(rel)
+	if err != nil {
+		return "", err
+	}
+	if !st.Mode().IsRegular() {
+		return "", errors.New("not a regular file")
+	}
+	f, err := root.Open(rel)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if err := use(io.TeeReader(f, h)); err != nil {
+		return "", err
+	}
+	// Anything use left unread still counts.
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// Prune keeps at most maxEntries entries in dir, removing those whose manifest was
+// modified longest ago (stored or last hit) first; entries without a readable
+// manifest go first. It also removes the working directories of interrupted
+// Store calls that are StaleAge old. It returns the directories removed.
+// maxEntries 0 empties the cache.
+func Prune(dir string, maxEntries int) ([]string, error) {
+	if maxEntries < 0 {
+		return nil, fmt.Errorf("cache prune: %w: max entries %d", ErrInvalid, maxEntries)
+	}
+	des, err := os.ReadDir(dir)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("cache prune: %w", err)
+	}
+	type entry struct {
+		path  string
+		mtime time.Time
+	}
+	var entries []entry
+	var removed []string
+	var errs []error
+	remove := func(path string) {
+		if err := os.RemoveAll(path); err != nil {
+			errs = append(errs, err)
+			return
+		}
+		removed = append(removed, path)
+	}
+	for _, de := range des {
+		path := filepath.Join(dir, de.Name())
+		switch {
+		case strings.HasPrefix(de.Name(), tmpPrefix) || strings.HasPrefix(de.Name(), oldPrefix):
+			if info, err := de.Info(); err == nil && time.Since(info.ModTime()) >= StaleAge {
+				remove(path)
+			}
+		case de.IsDir() && isKeyName(de.Name()):
+			var mtime time.Time
+			if st, err := os.Stat(filepath.Join(path, ManifestFile)); err == nil {
+				mtime = st.ModTime()
+			}
+			entries = append(entries, entry{path, mtime})
+		}
+	}
+	slices.SortFunc(entries, func(a, b entry) int {
+		if c := a.mtime.Compare(b.mtime); c != 0 {
+			return c
+		}
+		return strings.Compare(a.path, b.path)
+	})
+	for i := 0; i < len(entries)-maxEntries; i++ {
+		remove(entries[i].path)
+	}
+	if len(errs) > 0 {
+		return removed, fmt.Errorf("cache prune: %w", errors.Join(errs...))
+	}
+	return removed, nil
+}
+
+// isKeyName reports whether name looks like Key.Name's output.
+func isKeyName(name string) bool {
+	return len(name) == 64 && checkSum(name) == nil
+}

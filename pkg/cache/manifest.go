@@ -1,0 +1,159 @@
+package cache
+
+import (
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/driver-agent/driver-agent/pkg/kernel"
+)
+
+// ManifestFormat is the manifest format version this package writes and reads.
+const ManifestFormat = 1
+
+// maxManifestSize bounds what ReadManifest accepts.
+const maxManifestSize = 1 << 20
+
+// maxModules bounds the number of modules in one entry.
+const maxModules = 64
+
+// Manifest describes one cache entry; it is stored as manifest.json.
+type Manifest struct {
+	// Format is ManifestFormat.
+	Format int `json:"format"`
+	// Key is the key the entry was stored under.
+	Key Key `json:"key"`
+	// Package is the file name and sha256 of the entry's precompiled package.
+	Package FileSum `json:"package"`
+	// Modules are the entry's modules, in load order as stored.
+	Modules []ModuleSum `json:"modules"`
+}
+
+// FileSum is a file in an entry with its sha256.
+type FileSum struct {
+	// File is a plain file name in the entry directory.
+	File string `json:"file"`
+	// SHA256 is the lower-case hex sha256 of the file.
+	SHA256 string `json:"sha256"`
+}
+
+// ModuleSum is one module of an entry.
+type ModuleSum struct {
+	// Name is the kernel's name for the module, e.g. "nvidia_uvm".
+	Name string `json:"name"`
+	// File is the module's file name in the entry's modules directory, e.g.
+	// "nvidia-uvm.ko".
+	File string `json:"file"`
+	// Size is the module's size in bytes.
+	Size int64 `json:"size"`
+	// SHA256 is the lower-case hex sha256 of the module.
+	SHA256 string `json:"sha256"`
+	// Signed reports whether the module carries a signature.
+	Signed bool `json:"signed"`
+}
+
+// ReadManifest decodes and checks a manifest: at most 1 MiB of JSON with
+// exactly the known fields, format ManifestFormat, a valid key, plain file
+// names, lower-case hex sha256 sums, valid and distinct module names and
+// files. Errors wrap ErrCorrupt.
+func ReadManifest(r io.Reader) (*Manifest, error) {
+	m, err := readManifest(r)
+	if err != nil {
+		return nil, fmt.Errorf("%w: manifest: %w", ErrCorrupt, err)
+	}
+	return m, nil
+}
+
+// readManifest is ReadManifest without the ErrCorrupt wrapping.
+func readManifest(r io.Reader) (*Manifest, error) {
+	b, err := io.ReadAll(io.LimitReader(r, maxManifestSize+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > maxManifestSize {
+		return nil, fmt.Errorf("over %d bytes", maxManifestSize)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	var m Manifest
+	if err := dec.Decode(&m); err != nil {
+		return nil, err
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, errors.New("data after the JSON object")
+	}
+	if err := m.validate(); err != nil {
+		return nil, err
+	}
+	return &m, nil
+}
+
+// marshal encodes m as manifest.json holds it.
+func (m *Manifest) marshal() ([]byte, error) {
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append(b, '\n'), nil
+}
+
+func (m *Manifest) validate() error {
+	if m.Format != ManifestFormat {
+		return fmt.Errorf("format %d, want %d", m.Format, ManifestFormat)
+	}
+	if err := m.Key.validate(); err != nil {
+		return err
+	}
+	if err := checkFile(m.Package.File); err != nil {
+		return fmt.Errorf("package: %w", err)
+	}
+	if err := checkSum(m.Package.SHA256); err != nil {
+		return fmt.Errorf("package: %w", err)
+	}
+	if len(m.Modules) == 0 || len(m.Modules) > maxModules {
+		return fmt.Errorf("%d modules, want 1 to %d", len(m.Modules), maxModules)
+	}
+	names, files := map[string]bool{}, map[string]bool{}
+	for i, mod := range m.Modules {
+		if !kernel.ValidModuleName(mod.Name) || strings.Contains(mod.Name, "-") {
+			return fmt.Errorf("module %d: invalid module name %q", i, mod.Name)
+		}
+		if err := checkFile(mod.File); err != nil {
+			return fmt.Errorf("module %d: %w", i, err)
+		}
+		if err := checkSum(mod.SHA256); err != nil {
+			return fmt.Errorf("module %d: %w", i, err)
+		}
+		if mod.Size < 0 {
+			return fmt.Errorf("module %d: negative size %d", i, mod.Size)
+		}
+		if names[mod.Name] || files[mod.File] {
+			return fmt.Errorf("module %d: %s (%s) listed twice", i, mod.Name, mod.File)
+		}
+		names[mod.Name], files[mod.File] = true, true
+	}
+	return nil
+}
+
+// checkFile accepts a plain, visible file name.
+func checkFile(name string) error {
+	if name == "" || strings.HasPrefix(name, ".") || strings.ContainsAny(name, "/\\\x00") || len(name) > 255 {
+		return fmt.Errorf("invalid file name %q", name)
+	}
+	return nil
+}
+
+// checkSum accepts 64 lower-case hex digits.
+func checkSum(s string) error {
+	if len(s) != 64 || strings.ToLower(s) != s {
+		return fmt.Errorf("invalid sha256 %q", s)
+	}
+	if _, err := hex.DecodeString(s); err != nil {
+		return fmt.Errorf("invalid sha256 %q", s)
+	}
+	return nil
+}
