@@ -1,5 +1,3 @@
-// Package daemon starts the NVIDIA daemons (nvidia-persistenced, nv-fabricmanager) as children of
-// the agent and stops them: SIGTERM to the process group, then SIGKILL after a timeout.
 package daemon
 
 import (
@@ -15,21 +13,12 @@ import (
 	"github.com/driver-agent/driver-agent/pkg/host"
 )
 
-// Spec says how to run one daemon.
-type Spec struct {
-	Name string
-	Cmd  host.Cmd
-}
+// This file keeps the first, unsupervised API that pkg/agent still uses, so the tree builds while
+// the agent moves to Supervisor. Remove it with the agent's last use of Start.
 
-// State values.
-const (
-	StateUp     = "up"
-	StateExited = "exited"
-)
-
-// Daemon is a started daemon.
+// Daemon is a process started by Start: not restarted, not tracked by PID file.
 type Daemon struct {
-	Spec Spec
+	Spec Spec // what was started
 	proc host.Process
 	done chan struct{}
 
@@ -37,7 +26,7 @@ type Daemon struct {
 	err error
 }
 
-// Start starts spec through h.Exec.
+// Start starts spec.Cmd through h.Exec and watches it (transitional; use Supervisor).
 func Start(ctx context.Context, h host.Host, log *slog.Logger, spec Spec) (*Daemon, error) {
 	proc, err := h.Exec.Start(ctx, spec.Cmd)
 	if err != nil {
@@ -60,13 +49,13 @@ func Start(ctx context.Context, h host.Host, log *slog.Logger, spec Spec) (*Daem
 // Done is closed when the process has exited.
 func (d *Daemon) Done() <-chan struct{} { return d.done }
 
-// State is StateUp while the process runs, StateExited afterwards.
+// State is "up" while the process runs, "exited" afterwards.
 func (d *Daemon) State() string {
 	select {
 	case <-d.done:
-		return StateExited
+		return "exited"
 	default:
-		return StateUp
+		return string(StateUp)
 	}
 }
 
