@@ -1,0 +1,320 @@
+# The driver-agent VM-test scenarios (busybox ash, sourced by /init after lib.sh). Each scn_<name>
+# asserts kernel state read in the guest (/proc/modules, /sys/module, /dev, /proc/self/mountinfo,
+# the operator files) and the agent's exit code and log; see ../README.md for the list.
+
+KO=/vmtest/ko
+SPLIT=/vmtest/split
+GPU_INFO=/proc/driver/nvidia/gpus/0000:01:00.0/information
+
+# ---- raw kernel sanity: the stand-ins with busybox insmod/rmmod, no agent ----
+
+# raw-load: nvidia loads with parameters, shows its version, char major 195 and /proc files, an
+# open device node keeps it loaded, and rmmod removes everything.
+scn_raw_load() {
+	if ! insmod "$KO/standard/nvidia.ko" NVreg_EnableGpuFirmware=7 NVreg_RegistryDwords=RmStandinKey=3; then
+		fail "insmod nvidia.ko failed"
+		return
+	fi
+	mod_loaded nvidia || fail "nvidia not in /proc/modules"
+	check_eq "/sys/module/nvidia/version" "$(readv /sys/module/nvidia/version)" "$VMTEST_DRIVER_VERSION"
+	check_eq "NVreg_EnableGpuFirmware" "$(readv /sys/module/nvidia/parameters/NVreg_EnableGpuFirmware)" 7
+	check_eq "NVreg_RegistryDwords" "$(readv /sys/module/nvidia/parameters/NVreg_RegistryDwords)" RmStandinKey=3
+	grep -q '^195 nvidia-frontend$' /proc/devices || fail "/proc/devices has no '195 nvidia-frontend'"
+	grep -q "Kernel Module  $VMTEST_DRIVER_VERSION " /proc/driver/nvidia/version ||
+		fail "/proc/driver/nvidia/version: $(readv /proc/driver/nvidia/version)"
+	grep -q 'Device Minor:[[:space:]]*0$' "$GPU_INFO" || fail "$GPU_INFO has no 'Device Minor: 0'"
+	mknod /tmp/nvidia0 c 195 0
+	if hold /tmp/nvidia0; then
+		# chrdev_open takes two references (the cdev's and the fops' owner) per open file.
+		[ "$(readv /sys/module/nvidia/refcnt)" -gt 0 ] || fail "nvidia refcnt is 0 while a node is open"
+		rmmod nvidia 2>/dev/null && fail "rmmod nvidia succeeded while /dev/nvidia0 was open"
+	else
+		fail "cannot hold a 195:0 node open"
+	fi
+	release
+	rm -f /tmp/nvidia0
+	rmmod nvidia || fail "rmmod nvidia failed"
+	mod_loaded nvidia && fail "nvidia still loaded after rmmod"
+	[ -e /proc/driver/nvidia ] && fail "/proc/driver/nvidia left after rmmod"
+	grep -q '^195 ' /proc/devices && fail "major 195 still registered after rmmod"
+}
+
+# raw-holders: nvidia-uvm and nvidia-modeset depend on nvidia by symbol, so the kernel lists them as
+# holders and refuses to remove nvidia first; nvidia-uvm has a dynamic major.
+scn_raw_holders() {
+	insmod "$KO/standard/nvidia.ko" || { fail "insmod nvidia.ko failed"; return; }
+	insmod "$KO/standard/nvidia-uvm.ko" || fail "insmod nvidia-uvm.ko failed"
+	insmod "$KO/standard/nvidia-modeset.ko" || fail "insmod nvidia-modeset.ko failed"
+	check_eq "/sys/module/nvidia/holders" "$(ls /sys/module/nvidia/holders | sort | tr '\n' ' ' | sed 's/ $//')" "nvidia_modeset nvidia_uvm"
+	check_eq "/sys/module/nvidia/refcnt" "$(readv /sys/module/nvidia/refcnt)" 2
+	[ -n "$(uvm_major)" ] || fail "/proc/devices has no nvidia-uvm major"
+	check_eq "users of nvidia in /proc/modules" "$(awk '$1 == "nvidia" { print $4 }' /proc/modules)" "nvidia_modeset,nvidia_uvm,"
+	rmmod nvidia 2>/dev/null && fail "rmmod nvidia succeeded while it had holders"
+	rmmod nvidia_uvm || fail "rmmod nvidia_uvm failed"
+	rmmod nvidia_modeset || fail "rmmod nvidia_modeset failed"
+	rmmod nvidia || fail "rmmod nvidia failed"
+	[ -z "$(nv_modules)" ] || fail "left loaded: $(nv_modules)"
+	[ -z "$(uvm_major)" ] || fail "nvidia-uvm major still registered"
+}
+
+# raw-link: the guest's ld links the split stand-ins (interface + core object) as NVIDIA's
+# installer does, and the linked modules load, export symbols and unload.
+scn_raw_link() {
+	mkdir -p /tmp/link
+	if ! ld -d -r -o /tmp/link/nvidia.ko "$SPLIT/nv-linux.o" "$SPLIT/nv-kernel.o_binary" 2>/tmp/link/ld.err; then
+		fail "ld -d -r nvidia.ko failed: $(readv /tmp/link/ld.err)"
+		return
+	fi
+	if ! ld -d -r -o /tmp/link/nvidia-modeset.ko "$SPLIT/nv-modeset-linux.o" "$SPLIT/nv-modeset-kernel.o_binary" 2>/tmp/link/ld.err; then
+		fail "ld -d -r nvidia-modeset.ko failed: $(readv /tmp/link/ld.err)"
+		return
+	fi
+	insmod /tmp/link/nvidia.ko NVreg_EnableGpuFirmware=0 || { fail "insmod of the linked nvidia.ko failed"; return; }
+	check_eq "linked nvidia version" "$(readv /sys/module/nvidia/version)" "$VMTEST_DRIVER_VERSION"
+	[ -f "$GPU_INFO" ] || fail "linked nvidia did not create $GPU_INFO"
+	insmod /tmp/link/nvidia-modeset.ko || fail "insmod of the linked nvidia-modeset.ko failed"
+	insmod "$KO/standard/nvidia-uvm.ko" || fail "nvidia-uvm.ko does not load against the linked nvidia.ko"
+	check_eq "holders of the linked nvidia" "$(ls /sys/module/nvidia/holders | sort | tr '\n' ' ' | sed 's/ $//')" "nvidia_modeset nvidia_uvm"
+	rmmod nvidia_uvm nvidia_modeset nvidia 2>/dev/null || { rmmod nvidia_uvm; rmmod nvidia_modeset; rmmod nvidia; }
+	[ -z "$(nv_modules)" ] || fail "left loaded: $(nv_modules)"
+	rm -rf /tmp/link
+}
+
+# raw-enodev: the ENODEV variant's init fails as nvidia.ko does without a GPU; nothing stays.
+scn_raw_enodev() {
+	insmod "$KO/enodev/nvidia.ko" 2>/dev/null && fail "insmod of the ENODEV variant succeeded"
+	mod_loaded nvidia && fail "nvidia loaded after a failed init"
+	dmesg | grep -q "NVRM: No NVIDIA GPU found." || fail "no 'NVRM: No NVIDIA GPU found.' in dmesg"
+	[ -e /proc/driver/nvidia ] && fail "/proc/driver/nvidia left after a failed init"
+}
+
+# ---- the agent ----
+
+# banner: the package was made for this kernel's exact banner (else every agent scenario fails).
+scn_banner() {
+	check_eq "first line of /proc/version vs the package's banner" "$(head -n1 /proc/version)" "$(cat /vmtest/banner)"
+}
+
+# dry-run: `driver-agent --dry-run` exits 0, chooses the precompiled package, and changes nothing.
+scn_dry_run() {
+	local before
+	before=$(modules_snapshot)
+	keep_log /tmp/dry-run.out /tmp/dry-run.err
+	env $AGENT_ENV DRIVER_CONFIG_DIGEST=vmtest-a driver-agent --dry-run --output json >/tmp/dry-run.out 2>/tmp/dry-run.err
+	check_eq "exit code" $? 0
+	grep -q '"path": *"precompiled"' /tmp/dry-run.out || fail "plan does not choose the precompiled path: $(grep -m1 '"reason"' /tmp/dry-run.out)"
+	check_eq "modules after the dry run" "$(modules_snapshot)" "$before"
+	[ -e /run/nvidia ] && fail "the dry run created /run/nvidia"
+	[ -z "$(nv_devices)" ] || fail "the dry run created $(nv_devices)"
+}
+
+# lifecycle: init from the precompiled package to Ready, the whole node state while ready, then
+# SIGTERM undoes all of it and exits 0.
+scn_lifecycle() {
+	local log=/tmp/lifecycle.log major pid
+	start_ready "$log" vmtest-a || return
+	note "ready ${AGENT_READY_MS}ms"
+	for m in nvidia nvidia_uvm nvidia_modeset; do
+		mod_loaded "$m" || fail "$m not loaded"
+	done
+	mod_loaded nvidia_drm && fail "nvidia_drm loaded without --load-drm"
+	for m in ipmi_msghandler ipmi_devintf; do
+		mod_loaded "$m" || fail "prerequisite $m not loaded"
+	done
+	check_eq "/sys/module/nvidia/version" "$(readv /sys/module/nvidia/version)" "$VMTEST_DRIVER_VERSION"
+	check_eq "NVreg_EnableGpuFirmware (from /drivers/nvidia.conf)" "$(readv /sys/module/nvidia/parameters/NVreg_EnableGpuFirmware)" 1
+	check_eq "NVreg_RegistryDwords (from /drivers/nvidia.conf)" "$(readv /sys/module/nvidia/parameters/NVreg_RegistryDwords)" RmStandinKey=1
+	check_eq "/sys/module/nvidia/holders" "$(ls /sys/module/nvidia/holders 2>/dev/null | sort | tr '\n' ' ' | sed 's/ $//')" "nvidia_modeset nvidia_uvm"
+	check_chr /dev/nvidiactl 195 255
+	check_chr /dev/nvidia0 195 0
+	check_chr /dev/nvidia-modeset 195 254
+	major=$(uvm_major)
+	if [ -n "$major" ]; then
+		check_chr /dev/nvidia-uvm "$major" 0
+		check_chr /dev/nvidia-uvm-tools "$major" 1
+	else
+		fail "nvidia-uvm has no major in /proc/devices"
+	fi
+	mounted "$DRIVER_ROOT" || fail "$DRIVER_ROOT is not a mount point"
+	[ -x "$DRIVER_ROOT/usr/local/bin/driver-agent" ] || fail "$DRIVER_ROOT does not show the container root"
+	check_eq "firmware search path" "$(firmware_path)" "$FIRMWARE_WANT"
+	persistenced_running || fail "nvidia-persistenced stand-in is not running"
+	check_eq "$PIDFILE" "$(readv "$PIDFILE")" "$AGENT_PID"
+	check_eq "$STATE" "$(readv "$STATE")" vmtest-a
+	grep -q '"ready": *true' "$STATUS_JSON" 2>/dev/null || fail "$STATUS_JSON does not say ready"
+	driver-agent status >/tmp/status.out 2>&1 || fail "driver-agent status exited $?: $(readv /tmp/status.out | cut -c1-200)"
+
+	agent_stop TERM $((SHUTDOWN_TIMEOUT_S + 10))
+	check_eq "exit code after SIGTERM" "$AGENT_RC" 0
+	note "teardown ${AGENT_STOP_MS}ms"
+	check_clean
+	check_eq "firmware search path after teardown" "$(firmware_path)" ""
+	grep -q "Caught signal" "$log" || note "no 'Caught signal' line in the log"
+}
+
+# second-instance: a second agent while the first runs is refused with exit code 4 and changes
+# nothing; the first then stops cleanly.
+scn_second_instance() {
+	local first
+	start_ready /tmp/first.log vmtest-a || return
+	first=$AGENT_PID
+	agent_run /tmp/second.log vmtest-a 30
+	check_eq "second instance exit code" "$AGENT_RC" 4
+	AGENT_PID=$first
+	alive "$first" || fail "the first agent died"
+	ready || fail "$STATUS no longer says Ready"
+	check_eq "$PIDFILE" "$(readv "$PIDFILE")" "$first"
+	mod_loaded nvidia || fail "nvidia unloaded by the second instance"
+	mounted "$DRIVER_ROOT" || fail "$DRIVER_ROOT unmounted by the second instance"
+	agent_stop TERM $((SHUTDOWN_TIMEOUT_S + 10))
+	check_eq "first agent exit code after SIGTERM" "$AGENT_RC" 0
+	check_clean
+}
+
+# in-use: a process holds /dev/nvidia0; SIGTERM stops the daemon and unmounts, but leaves the
+# modules loaded, names the holder, and exits 10 within the shutdown deadline.
+scn_in_use() {
+	local log=/tmp/in-use.log
+	start_ready "$log" vmtest-a || return
+	hold /dev/nvidia0 || fail "the holder could not open /dev/nvidia0"
+	agent_stop TERM $((SHUTDOWN_TIMEOUT_S + 10))
+	check_eq "exit code with /dev/nvidia0 open" "$AGENT_RC" 10
+	[ "$AGENT_STOP_MS" -le $(((SHUTDOWN_TIMEOUT_S + 2) * 1000)) ] || fail "took ${AGENT_STOP_MS}ms, deadline ${SHUTDOWN_TIMEOUT_S}s"
+	note "stop ${AGENT_STOP_MS}ms"
+	grep -qw "$HOLDER_PID" "$log" || fail "the log does not name the holder's PID $HOLDER_PID"
+	grep -qw sleep "$log" || fail "the log does not name the holder's command (sleep)"
+	for m in nvidia nvidia_uvm nvidia_modeset; do
+		mod_loaded "$m" || fail "$m unloaded although in use"
+	done
+	[ -c /dev/nvidia0 ] || fail "/dev/nvidia0 removed although in use"
+	mounted_under "$DRIVER_ROOT" && fail "$DRIVER_ROOT still mounted"
+	persistenced_running && fail "nvidia-persistenced stand-in still running"
+	ready && fail "$STATUS still says Ready"
+}
+
+# hold NODE: a background process (command "sleep") keeps NODE open on fd 3; sets HOLDER_PID.
+hold() {
+	HOLDER_NODE=$1
+	sh -c 'exec 3<"$1" && exec sleep 600' hold "$1" &
+	HOLDER_PID=$!
+	wait_until 5 holder_ready
+}
+
+holder_ready() {
+	[ "$(readlink "/proc/$HOLDER_PID/fd/3" 2>/dev/null)" = "$HOLDER_NODE" ] &&
+		[ "$(cat "/proc/$HOLDER_PID/comm" 2>/dev/null)" = sleep ]
+}
+
+# release: ends the holder.
+release() {
+	[ -n "$HOLDER_PID" ] && kill -KILL "$HOLDER_PID" 2>/dev/null
+	wait_until 5 pid_gone "$HOLDER_PID"
+	HOLDER_PID=
+}
+
+# crash_after_ready LOG DIGEST: an agent reaches Ready and is killed with SIGKILL, leaving the
+# driver loaded, the digest stored, the root mounted (what a crash or OOM kill leaves).
+crash_after_ready() {
+	start_ready "$1" "$2" || return 1
+	agent_stop KILL 10
+	kill_persistenced
+	mod_loaded nvidia || { fail "setup: nvidia not loaded after the first agent was killed"; return 1; }
+	return 0
+}
+
+# fast-path: after an agent was killed (SIGKILL) while ready, a new agent with the same
+# DRIVER_CONFIG_DIGEST adopts the loaded modules without reloading them, becomes ready, and
+# unloads them on SIGTERM.
+scn_fast_path() {
+	local id log=/tmp/fast-path.log
+	crash_after_ready /tmp/fast-path-setup.log vmtest-a || return
+	id=$(load_id)
+	start_ready "$log" vmtest-a || return
+	check_eq "nvidia load id (a reload changes it)" "$(load_id)" "$id"
+	grep -q '"installPath": *"fast"' "$STATUS_JSON" 2>/dev/null || fail "$STATUS_JSON does not say installPath fast"
+	check_chr /dev/nvidia0 195 0
+	mounted "$DRIVER_ROOT" || fail "$DRIVER_ROOT is not a mount point"
+	persistenced_running || fail "nvidia-persistenced stand-in is not running"
+	agent_stop TERM $((SHUTDOWN_TIMEOUT_S + 10))
+	check_eq "exit code after SIGTERM" "$AGENT_RC" 0
+	check_stopped
+}
+
+# reload-digest: after an agent was killed while ready, a new agent with another
+# DRIVER_CONFIG_DIGEST unloads and reloads the modules, stores the new digest, and unloads them on
+# SIGTERM.
+scn_reload_digest() {
+	local id log=/tmp/reload.log
+	crash_after_ready /tmp/reload-setup.log vmtest-a || return
+	id=$(load_id)
+	start_ready "$log" vmtest-b || return
+	[ "$(load_id)" != "$id" ] || fail "nvidia was not reloaded (load id $id unchanged)"
+	check_eq "$STATE" "$(readv "$STATE")" vmtest-b
+	grep -q '"installPath": *"precompiled"' "$STATUS_JSON" 2>/dev/null || fail "$STATUS_JSON does not say installPath precompiled"
+	agent_stop TERM $((SHUTDOWN_TIMEOUT_S + 10))
+	check_eq "exit code after SIGTERM" "$AGENT_RC" 0
+	check_stopped
+}
+
+# compressed-prereqs: this boot's prerequisite modules are .ko.xz and .ko.zst (modules.dep says
+# so); the agent loads them, becomes ready, and unloads them again on SIGTERM.
+scn_compressed_prereqs() {
+	local m
+	start_ready /tmp/compressed.log vmtest-a || return
+	for m in ipmi_msghandler ipmi_devintf; do
+		mod_loaded "$m" || fail "compressed prerequisite $m not loaded"
+	done
+	for m in wmi video; do
+		mod_loaded "$m" && note "$m loaded" || note "$m not loaded"
+	done
+	agent_stop TERM $((SHUTDOWN_TIMEOUT_S + 10))
+	check_eq "exit code after SIGTERM" "$AGENT_RC" 0
+	check_clean
+}
+
+# enodev: nvidia's init fails with ENODEV (no GPU): exit code 5, everything this run loaded
+# (prerequisites included) is unloaded, nothing else is left.
+scn_enodev() {
+	local log=/tmp/enodev.log
+	use_package enodev
+	agent_run "$log" vmtest-a 60
+	check_eq "exit code" "$AGENT_RC" 5
+	grep -qiE 'no (nvidia )?gpu|enodev|no such device' "$log" || fail "the log does not say that no GPU was found"
+	check_clean
+}
+
+# sigterm-during-load: SIGTERM while nvidia's init is still running (the slow variant sleeps):
+# the agent waits for the load, undoes it, and exits 0 with nothing left.
+scn_sigterm_during_load() {
+	local log=/tmp/sigterm-load.log
+	use_package slow
+	agent_start "$log" vmtest-a
+	wait_until 60 coming_or_gone
+	if ! nvidia_coming; then
+		if alive "$AGENT_PID"; then
+			fail "nvidia never showed initstate 'coming' within 60 s"
+			agent_stop KILL 5
+		else
+			agent_wait_exit 1
+			fail "the agent exited with $AGENT_RC before nvidia's init ran: $(last_error "$log")"
+		fi
+		return
+	fi
+	agent_stop TERM $((SHUTDOWN_TIMEOUT_S + 20))
+	check_eq "exit code after SIGTERM during the load" "$AGENT_RC" 0
+	note "stop ${AGENT_STOP_MS}ms"
+	check_clean
+}
+
+nvidia_coming() { [ "$(cat /sys/module/nvidia/initstate 2>/dev/null)" = coming ]; }
+coming_or_gone() { nvidia_coming || ! alive "$AGENT_PID"; }
+
+# no-match: the only package was built for another banner and there is no build tree: a clear
+# error with exit code 11, nothing loaded.
+scn_no_match() {
+	local log=/tmp/no-match.log
+	use_package mismatch
+	agent_run "$log" vmtest-a 60
+	check_eq "exit code" "$AGENT_RC" 11
+	check_clean
+}

@@ -1,0 +1,89 @@
+//go:build vmtest
+
+package vm
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os/exec"
+	"strings"
+	"time"
+)
+
+// consoleLine is one line of the guest's serial console with the time since qemu started.
+type consoleLine struct {
+	at   time.Duration
+	text string
+}
+
+// bootResult is what one boot printed and how it ended.
+type bootResult struct {
+	lines    []consoleLine
+	wall     time.Duration
+	timedOut bool
+	err      error // qemu failed or was killed
+}
+
+func (b bootResult) log() string {
+	var s strings.Builder
+	for _, l := range b.lines {
+		fmt.Fprintf(&s, "%7.2fs %s\n", l.at.Seconds(), l.text)
+	}
+	return s.String()
+}
+
+// qemuArgs is the command line of one boot: TCG (KVM does not work on these machines), no
+// network, no reboot (with panic=-1 a dead /init ends qemu), the console on the serial port.
+func qemuArgs(kernel, initrd string) []string {
+	return []string{
+		"-accel", "tcg", "-m", "1024", "-smp", "1",
+		"-nodefaults", "-no-user-config", "-display", "none", "-monitor", "none",
+		"-serial", "stdio", "-nic", "none", "-no-reboot",
+		"-kernel", kernel, "-initrd", initrd,
+		"-append", "console=ttyS0 panic=-1 loglevel=4 rdinit=/init",
+	}
+}
+
+// boot runs qemu until the guest powers off, reading the console, and kills it after timeout.
+// live, when not nil, gets each line as it arrives.
+func boot(ctx context.Context, qemu, kernel, initrd string, timeout time.Duration, live func(consoleLine)) bootResult {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, qemu, qemuArgs(kernel, initrd)...)
+	cmd.WaitDelay = 5 * time.Second
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return bootResult{err: err}
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return bootResult{err: fmt.Errorf("start %s: %w", qemu, err)}
+	}
+	var res bootResult
+	sc := bufio.NewScanner(stdout)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		l := consoleLine{at: time.Since(start), text: strings.TrimRight(sc.Text(), "\r")}
+		res.lines = append(res.lines, l)
+		if live != nil {
+			live(l)
+		}
+	}
+	if err := sc.Err(); err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrClosedPipe) {
+		res.err = fmt.Errorf("reading the console: %w", err)
+	}
+	werr := cmd.Wait()
+	res.wall = time.Since(start)
+	if ctx.Err() != nil {
+		res.timedOut = true
+		res.err = fmt.Errorf("the guest did not power off within %s; qemu was killed", timeout)
+	} else if werr != nil && res.err == nil {
+		res.err = fmt.Errorf("qemu: %w: %s", werr, strings.TrimSpace(stderr.String()))
+	}
+	return res
+}
