@@ -55,6 +55,14 @@ type Agent struct {
 	BeforePhase func(phase string)
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// Reaper starts and waits for every child process (daemons, the linker); required unless
+	// DryRun.
+	Reaper *daemon.Reaper
+	// ChildProc is the procfs in which the agent's own child processes are visible, for verifying
+	// a daemon's PID file; "" means Host.Proc. Tests that fake Host.Proc set it to "/proc".
+	ChildProc string
+	// DaemonPolicy is the daemons' restart policy; the zero value takes the supervisor's defaults.
+	DaemonPolicy daemon.Policy
 	// Version is the agent's version, for the build-info metric.
 	Version string
 	// OnListen, when set, is told the metrics server's address once it listens.
@@ -72,6 +80,7 @@ type run struct {
 	*Agent
 	cfg      *config.Config
 	st       status.Writer
+	src      Source
 	mu       sync.Mutex
 	status   status.Status
 	errors   map[string]float64
@@ -83,7 +92,7 @@ type run struct {
 	loaded   []string // NVIDIA modules this run owns (loaded or adopted)
 	prereqs  []string // prerequisite modules this run loaded
 	devices  []string // device nodes this run created
-	daemons  []*daemon.Daemon
+	sup      *daemon.Supervisor
 	undos    []undo
 	notes    []string // dry-run findings
 }
@@ -239,20 +248,12 @@ func (r *run) runPhases(ctx context.Context, phases []phase) error {
 	return nil
 }
 
-// wait blocks until ctx ends or a watched daemon dies.
+// wait blocks until ctx ends or a required daemon fails for good.
 func (r *run) wait(ctx context.Context) error {
 	r.setPhase(PhaseWait)
-	watched := make(chan *daemon.Daemon, len(r.daemons))
-	stop := make(chan struct{})
-	defer close(stop)
-	for _, d := range r.daemons {
-		go func() {
-			select {
-			case <-d.Done():
-				watched <- d
-			case <-stop:
-			}
-		}()
+	var failed <-chan struct{}
+	if r.sup != nil {
+		failed = r.sup.Failed()
 	}
 	tick := time.NewTicker(5 * time.Second)
 	defer tick.Stop()
@@ -260,8 +261,12 @@ func (r *run) wait(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case d := <-watched:
-			return fmt.Errorf("%w: %s exited while the driver was ready", exitcode.ErrDaemon, d.Spec.Name)
+		case <-failed:
+			if err := r.st.SetReady(false); err != nil {
+				r.Log.Warn("could not write NotReady", "error", err)
+			}
+			r.update(func(s *status.Status) { s.Ready = false })
+			return fmt.Errorf("%w: %w", exitcode.ErrDaemon, r.sup.Err())
 		case <-tick.C:
 			r.mu.Lock()
 			r.beat = r.Now()

@@ -20,10 +20,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/driver-agent/driver-agent/pkg/config"
+	"github.com/driver-agent/driver-agent/pkg/daemon"
 	"github.com/driver-agent/driver-agent/pkg/detect"
 	"github.com/driver-agent/driver-agent/pkg/exitcode"
 	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
+	"github.com/driver-agent/driver-agent/pkg/precompiled"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -42,7 +44,7 @@ func (s fakeSource) Find(context.Context, detect.Facts, string) (Decision, error
 
 // Prepare writes stand-in module files (ELF objects with a .modinfo) and returns them, deliberately
 // not in dependency order: the agent orders them by depends=.
-func (s fakeSource) Prepare(_ context.Context, d Decision) ([]host.ModuleImage, error) {
+func (s fakeSource) Prepare(_ context.Context, d Decision, _ string) ([]host.ModuleImage, error) {
 	dir := s.dir
 	depends := map[string]string{"nvidia": "", "nvidia_uvm": "nvidia", "nvidia_modeset": "nvidia", "nvidia_peermem": "nvidia", "nvidia_drm": "nvidia_modeset"}
 	var images []host.ModuleImage
@@ -59,18 +61,20 @@ func (s fakeSource) Prepare(_ context.Context, d Decision) ([]host.ModuleImage, 
 }
 
 type world struct {
-	dir     string
-	roots   host.Roots
-	kernel  *hosttest.FakeKernel
-	mounter *hosttest.FakeMounter
-	exec    *hosttest.FakeExec
-	before  map[string]string
+	dir       string
+	roots     host.Roots
+	kernel    *hosttest.FakeKernel
+	mounter   *hosttest.FakeMounter
+	reaper    *daemon.Reaper
+	daemonLog string // the fake persistenced appends "start <args>", "stop" here
+	before    map[string]string
 }
 
 func newWorld(t *testing.T) *world {
 	t.Helper()
 	dir := hosttest.UnpackFile(t, "../../test/fixtures/flatcar-stable-gpu.txtar")
-	w := &world{dir: dir, roots: hosttest.Roots(t, dir), exec: &hosttest.FakeExec{}}
+	w := &world{dir: dir, roots: hosttest.Roots(t, dir)}
+	w.setupDaemons(t)
 	w.kernel = hosttest.NewFakeKernel(w.roots, map[string]hosttest.FakeModule{
 		"nvidia":         {Version: testVersion},
 		"nvidia_uvm":     {Version: testVersion, Deps: []string{"nvidia"}},
@@ -82,6 +86,46 @@ func newWorld(t *testing.T) *world {
 	os.WriteFile(w.roots.InDrivers("nvidia.conf"), []byte("# from the operator's ConfigMap\nNVreg_EnableGpuFirmware=18 NVreg_OpenRmEnableUnsupportedGpus=1\n"), 0o644)
 	w.before = files(hosttest.Snapshot(t, dir))
 	return w
+}
+
+// fakePersistenced behaves like nvidia-persistenced of the 535 branch: it forks into the
+// background, the child writes the PID file (its comm is still the script's name) and runs until
+// SIGTERM, removing the PID file as it exits.
+const fakePersistenced = `#!/bin/sh
+dir="$(dirname "$0")/../../var/run/nvidia-persistenced"
+echo "start $*" >> "$FAKE_DAEMON_LOG"
+if [ -n "$FAKE_DAEMON_CRASH" ]; then echo crash >> "$FAKE_DAEMON_LOG"; exit 1; fi
+(
+  trap 'rm -f "$dir/nvidia-persistenced.pid"; echo stop >> "$FAKE_DAEMON_LOG"; exit 0' TERM
+  sh -c 'echo $PPID' > "$dir/nvidia-persistenced.pid"
+  while :; do sleep 0.05; done
+) &
+exit 0
+`
+
+// setupDaemons installs the fake daemon and a reaper for this test's children.
+func (w *world) setupDaemons(t *testing.T) {
+	t.Helper()
+	bin := w.roots.InRoot("usr/bin/nvidia-persistenced")
+	os.MkdirAll(filepath.Dir(bin), 0o755)
+	if err := os.WriteFile(bin, []byte(fakePersistenced), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(bin, 0o755) // the fixture's file exists already, so WriteFile kept its mode
+	w.daemonLog = filepath.Join(t.TempDir(), "daemon.log")
+	t.Setenv("FAKE_DAEMON_LOG", w.daemonLog)
+	reaper, err := daemon.NewReaper(daemon.ReaperOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reaper.Close() })
+	w.reaper = reaper
+}
+
+func (w *world) daemonEvents(t *testing.T) []string {
+	t.Helper()
+	data, _ := os.ReadFile(w.daemonLog)
+	return strings.Fields(strings.ReplaceAll(string(data), "\n", " | "))
 }
 
 // writeHostModules lays out the host's in-tree modules the way Flatcar does: compressed modules,
@@ -132,7 +176,8 @@ func (w *world) agent(t *testing.T, extraArgs ...string) *Agent {
 	t.Helper()
 	r := w.roots
 	args := append([]string{"--root", r.Root, "--host-root", r.HostRoot, "--proc", r.Proc, "--sys", r.Sys, "--dev", r.Dev,
-		"--run", r.Run, "--drivers-dir", r.DriversDir, "--shutdown-timeout", "2s", "--daemon-stop-timeout", "200ms"}, extraArgs...)
+		"--run", r.Run, "--drivers-dir", r.DriversDir, "--shutdown-timeout", "2s", "--daemon-stop-timeout", "200ms",
+		"--metrics-address", "127.0.0.1:0", "--cache-dir", filepath.Join(t.TempDir(), "cache")}, extraArgs...)
 	cfg, _, err := config.Parse("test", args, []string{"DRIVER_VERSION=" + testVersion, "DRIVER_CONFIG_DIGEST=digest-1", "NODE_NAME=node-a"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -140,8 +185,9 @@ func (w *world) agent(t *testing.T, extraArgs ...string) *Agent {
 	if err := cfg.ValidateInit(); err != nil {
 		t.Fatal(err)
 	}
-	h := host.Host{Roots: r, Kernel: w.kernel, Mounter: w.mounter, Mknoder: hosttest.FakeMknoder{}, Files: host.OSFiles{}, Exec: w.exec}
-	return &Agent{Config: cfg, Host: h, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Source: fakeSource{dir: t.TempDir()}, Out: io.Discard}
+	h := host.Host{Roots: r, Kernel: w.kernel, Mounter: w.mounter, Mknoder: hosttest.FakeMknoder{}, Files: host.OSFiles{}, Exec: w.reaper}
+	return &Agent{Config: cfg, Host: h, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Source: fakeSource{dir: t.TempDir()}, Out: io.Discard, Reaper: w.reaper, ChildProc: "/proc",
+		DaemonPolicy: daemon.Policy{InitialBackoff: 10 * time.Millisecond, MaxBackoff: 20 * time.Millisecond, MaxRestarts: 2}}
 }
 
 func (w *world) read(t *testing.T, rel string) string {
@@ -164,11 +210,7 @@ func (w *world) assertClean(t *testing.T) {
 	if m := w.mounter.Mounted(); len(m) != 0 {
 		t.Errorf("still mounted: %v", m)
 	}
-	for _, p := range w.exec.Processes() {
-		if p.Running() {
-			t.Errorf("process %s still running", p.Cmd.Path)
-		}
-	}
+	// The fake removes its PID file when SIGTERM stops it; the tree diff above catches a leftover.
 }
 
 // startAgent runs a in the background and returns a cancel and the result channel.
@@ -234,9 +276,11 @@ func TestWholeFlow(t *testing.T) {
 	if got := w.mounter.Mounted(); !slices.Equal(got, []string{w.roots.InRun("nvidia/driver")}) {
 		t.Errorf("mounted %v", got)
 	}
-	procs := w.exec.Processes()
-	if len(procs) != 1 || procs[0].Cmd.Path != w.roots.InRoot("usr/bin/nvidia-persistenced") || !slices.Equal(procs[0].Cmd.Args, []string{"--persistence-mode"}) {
-		t.Fatalf("processes %+v", procs)
+	if ev := w.daemonEvents(t); !slices.Equal(ev, []string{"start", "--persistence-mode", "|"}) {
+		t.Fatalf("daemon events %v, want one start with --persistence-mode", ev)
+	}
+	if pid := w.read(t, "container/var/run/nvidia-persistenced/nvidia-persistenced.pid"); !strings.HasSuffix(pid, "\n") {
+		t.Errorf("persistenced PID file = %q", pid)
 	}
 	if got := w.read(t, "run/nvidia/nvidia-driver.state"); got != "digest-1" {
 		t.Errorf("state = %q", got)
@@ -252,8 +296,8 @@ func TestWholeFlow(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("Run after SIGTERM = %v, want nil", err)
 	}
-	if sigs := procs[0].Signals(); !slices.Equal(sigs, []syscall.Signal{syscall.SIGTERM}) {
-		t.Errorf("persistenced got %v, want SIGTERM only", sigs)
+	if ev := w.daemonEvents(t); !slices.Equal(ev, []string{"start", "--persistence-mode", "|", "stop", "|"}) {
+		t.Errorf("daemon events %v, want start then stop (SIGTERM)", ev)
 	}
 	calls := w.kernel.Calls()
 	unloads := calls[5:]
@@ -289,7 +333,7 @@ func TestSignalDuringEachPhase(t *testing.T) {
 			if wantLoad := i > 3; loadedAny != wantLoad {
 				t.Errorf("modules loaded: %t, want %t (calls %v)", loadedAny, wantLoad, w.kernel.Calls())
 			}
-			if started := len(w.exec.Processes()) > 0; started != (i > 5) {
+			if started := len(w.daemonEvents(t)) > 0; started != (i > 5) {
 				t.Errorf("daemon started: %t", started)
 			}
 			w.assertClean(t)
@@ -398,7 +442,7 @@ func TestLoadFailureRollsBack(t *testing.T) {
 	if got := w.kernel.Calls(); !slices.Equal(got, []string{"load i2c_core", "load ipmi_devintf", "load nvidia", "load nvidia_modeset", "load nvidia_uvm", "unload nvidia_modeset", "unload nvidia", "unload ipmi_devintf", "unload i2c_core"}) {
 		t.Errorf("calls %v", got)
 	}
-	if len(w.exec.Processes()) != 0 || len(w.mounter.Mounted()) != 0 {
+	if len(w.daemonEvents(t)) != 0 || len(w.mounter.Mounted()) != 0 {
 		t.Error("phases after the failed load ran")
 	}
 	// The status file is kept for people to read; everything else is as before.
@@ -406,18 +450,94 @@ func TestLoadFailureRollsBack(t *testing.T) {
 	w.assertClean(t)
 }
 
-func TestUnimplementedPathSaysSo(t *testing.T) {
+func TestNoPackageMeansNoInstallPath(t *testing.T) {
 	w := newWorld(t)
 	a := w.agent(t)
-	a.Source = nil // the default: precompiled packages in the image, of which the fixture has none
+	a.Source = nil // the default: the cache, then precompiled packages in the image, of which the fixture has none
 	err := a.Run(context.Background())
-	if !errors.Is(err, exitcode.ErrNotImplemented) || !strings.Contains(err.Error(), "prepare") {
-		t.Fatalf("Run = %v, want prepare: not implemented", err)
+	if !errors.Is(err, exitcode.ErrNoInstallPath) || exitcode.Code(err) != 11 || !strings.Contains(err.Error(), "no precompiled package in") {
+		t.Fatalf("Run = %v, want prepare: no install path", err)
 	}
 	if calls := w.kernel.Calls(); len(calls) != 0 {
 		t.Errorf("kernel calls %v", calls)
 	}
 	os.Remove(w.roots.InRun("nvidia/driver-agent/status.json"))
+	w.assertClean(t)
+}
+
+// writePackage puts a precompiled package of complete stand-in modules (type-1 records, so no
+// linker is needed) for banner into the image's precompiled directory.
+func writePackage(t *testing.T, r host.Roots, name, banner string) string {
+	t.Helper()
+	p := &precompiled.Package{DriverVersion: testVersion, Description: "test", ProcVersion: banner}
+	for mod, dep := range map[string]string{"nvidia": "", "nvidia-uvm": "nvidia", "nvidia-modeset": "nvidia"} {
+		f, err := precompiled.NewKernelModule(mod+".ko", "", hosttest.ModuleELF("name="+strings.ReplaceAll(mod, "-", "_"), "version="+testVersion, "depends="+dep), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Append(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	data, err := p.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := r.InRoot("usr/src/nvidia-"+testVersion, "kernel/precompiled")
+	os.MkdirAll(dir, 0o755)
+	path := filepath.Join(dir, name)
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestPrecompiledThenCached runs the default source for real: the matching package is chosen
+// over one for another kernel, its modules land in the cache, the next start uses the cache,
+// and a damaged cache entry is removed and rebuilt from the package.
+func TestPrecompiledThenCached(t *testing.T) {
+	w := newWorld(t)
+	banner, _ := os.ReadFile(w.roots.InProc("version"))
+	writePackage(t, w.roots, "nvidia-modules-other", "Linux version 6.6.94-flatcar (build@pony) #1 SMP")
+	writePackage(t, w.roots, "nvidia-modules-6.6.95", strings.SplitN(string(banner), "\n", 2)[0])
+	w.before = files(hosttest.Snapshot(t, w.dir))
+	cacheDir := filepath.Join(t.TempDir(), "cache")
+	start := func() string {
+		a := w.agent(t, "--cache-dir", cacheDir)
+		a.Source = nil
+		cancel, done := startAgent(a)
+		defer cancel()
+		w.waitReady(t, done)
+		st := w.read(t, "run/nvidia/driver-agent/status.json")
+		if got := w.kernel.Loaded(); !slices.Contains(got, "nvidia_uvm") || !slices.Contains(got, "nvidia_modeset") {
+			t.Errorf("loaded %v", got)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	if st := start(); !strings.Contains(st, `"installPath": "precompiled"`) || !strings.Contains(st, "nvidia-modules-6.6.95") {
+		t.Fatalf("first start: %s", st)
+	}
+	if st := start(); !strings.Contains(st, `"installPath": "cached"`) {
+		t.Fatalf("second start did not use the cache: %s", st)
+	}
+	// Damage the cached nvidia.ko: the entry is removed and the package used again.
+	mods, _ := filepath.Glob(filepath.Join(cacheDir, "*", "modules", "nvidia.ko"))
+	if len(mods) != 1 {
+		t.Fatalf("cached modules %v", mods)
+	}
+	data, _ := os.ReadFile(mods[0])
+	data[len(data)-1] ^= 0xff
+	os.WriteFile(mods[0], data, 0o644)
+	if st := start(); !strings.Contains(st, `"installPath": "precompiled"`) {
+		t.Fatalf("damaged cache entry was used: %s", st)
+	}
+	if st := start(); !strings.Contains(st, `"installPath": "cached"`) {
+		t.Fatalf("the cache was not rebuilt: %s", st)
+	}
 	w.assertClean(t)
 }
 
@@ -427,12 +547,21 @@ func TestDaemonDeathEndsReadiness(t *testing.T) {
 	cancel, done := startAgent(a)
 	defer cancel()
 	w.waitReady(t, done)
-	w.exec.Processes()[0].Exit(errors.New("exit status 1"))
-	err := <-done
-	if !errors.Is(err, exitcode.ErrDaemon) {
-		t.Fatalf("Run = %v, want daemon failure", err)
+	pid, err := strconv.Atoi(strings.TrimSpace(w.read(t, "container/var/run/nvidia-persistenced/nvidia-persistenced.pid")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("FAKE_DAEMON_CRASH", "1") // every restart fails at once: the crash-loop limit ends it
+	syscall.Kill(pid, syscall.SIGKILL)
+	err = <-done
+	if !errors.Is(err, exitcode.ErrDaemon) || !strings.Contains(err.Error(), "nvidia-persistenced") {
+		t.Fatalf("Run = %v, want daemon failure naming nvidia-persistenced", err)
+	}
+	if ev := strings.Join(w.daemonEvents(t), " "); strings.Count(ev, "crash") != 2 {
+		t.Errorf("daemon events %q: want the two restarts the policy allows", ev)
 	}
 	os.Remove(w.roots.InRun("nvidia/driver-agent/status.json"))
+	os.Remove(w.roots.InRoot("var/run/nvidia-persistenced/nvidia-persistenced.pid")) // left by the SIGKILL, as a real crash would
 	w.assertClean(t)
 }
 
@@ -458,11 +587,10 @@ func TestDryRunChangesNothing(t *testing.T) {
 
 func TestHostManagedDriver(t *testing.T) {
 	dir := hosttest.UnpackFile(t, "../../test/fixtures/talos.txtar")
-	w := &world{dir: dir, roots: hosttest.Roots(t, dir), exec: &hosttest.FakeExec{}}
+	w := &world{dir: dir, roots: hosttest.Roots(t, dir)}
+	w.setupDaemons(t)
 	w.kernel = hosttest.NewFakeKernel(w.roots, nil)
 	w.mounter = hosttest.NewFakeMounter(w.roots)
-	os.MkdirAll(w.roots.InRoot("usr/bin"), 0o755)
-	os.WriteFile(w.roots.InRoot("usr/bin/nvidia-persistenced"), nil, 0o755)
 	w.before = files(hosttest.Snapshot(t, dir))
 
 	// The image's version differs from what the host loaded: a clear refusal, nothing touched.

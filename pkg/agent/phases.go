@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -19,6 +20,7 @@ import (
 	"github.com/driver-agent/driver-agent/pkg/detect"
 	"github.com/driver-agent/driver-agent/pkg/devices"
 	"github.com/driver-agent/driver-agent/pkg/exitcode"
+	"github.com/driver-agent/driver-agent/pkg/fabric"
 	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/kernel"
 	"github.com/driver-agent/driver-agent/pkg/modparams"
@@ -128,10 +130,29 @@ func flavor(moduleType string, branch int) (string, string) {
 }
 
 func (r *run) source() Source {
-	if r.Source != nil {
-		return r.Source
+	if r.src != nil {
+		return r.src
 	}
-	return imageSource{roots: r.Host.Roots, version: r.cfg.DriverVersion}
+	r.src = r.Source
+	if r.src == nil {
+		cacheDir := r.cfg.CacheDir
+		if cacheDir == "" {
+			cacheDir = r.Host.InRun("nvidia/driver-agent/cache")
+		}
+		if r.cfg.CacheMaxEntries == 0 {
+			cacheDir = ""
+		}
+		version := r.cfg.DriverVersion
+		if version == "" {
+			version = "<DRIVER_VERSION>" // a dry run without it still shows where it would look
+		}
+		r.src = &imageSource{roots: r.Host.Roots, version: version, cacheDir: cacheDir,
+			maxEntries: r.cfg.CacheMaxEntries, requireSigned: r.cfg.RequireSigned, log: r.Log}
+		if r.Reaper != nil {
+			r.src.(*imageSource).runner = r.Reaper
+		}
+	}
+	return r.src
 }
 
 func (r *run) prepare(ctx context.Context) error {
@@ -139,7 +160,23 @@ func (r *run) prepare(ctx context.Context) error {
 	case PathFast, PathHost:
 		return nil
 	}
-	images, err := r.source().Prepare(ctx, r.decision)
+	if r.cfg.DryRun {
+		// Linking runs ld and writes files: the plan names what would be loaded instead.
+		for _, name := range r.decision.Modules {
+			r.images = append(r.images, host.ModuleImage{Name: name, Path: fmt.Sprintf("<%s>/%s.ko", r.decision.Path, strings.ReplaceAll(name, "_", "-"))})
+		}
+		if r.decision.Path == PathCompile {
+			_, err := r.source().Prepare(ctx, r.decision, "")
+			return err
+		}
+		return nil
+	}
+	workDir, err := os.MkdirTemp("", "driver-agent-")
+	if err != nil {
+		return err
+	}
+	r.push(PhasePrepare, func(context.Context) error { return os.RemoveAll(workDir) })
+	images, err := r.source().Prepare(ctx, r.decision, workDir)
 	if err != nil {
 		return err
 	}
@@ -162,8 +199,13 @@ func (r *run) load(ctx context.Context) error {
 			return err
 		}
 	}
-	files, err := modules.Resolve(r.images)
-	if err != nil {
+	var files []modules.File
+	var err error
+	if r.cfg.DryRun {
+		for _, im := range r.images {
+			files = append(files, modules.File{Image: im})
+		}
+	} else if files, err = modules.Resolve(r.images); err != nil {
 		return fmt.Errorf("%w: %w", exitcode.ErrModuleLoad, err)
 	}
 	if err := r.applyParams(files); err != nil {
@@ -425,35 +467,120 @@ func contains(list []string, s string) bool {
 	return false
 }
 
+// daemonStartTimeout bounds how long the agent waits for each required daemon to come up.
+const daemonStartTimeout = 2 * time.Minute
+
+// daemonSpecs are the daemons this node needs, in start order: nvidia-persistenced, then NVLSM
+// and fabric manager on NVLink5 nodes, or fabric manager on NVSwitch nodes.
+func (r *run) daemonSpecs(ctx context.Context) ([]daemon.Spec, fabric.Plan, error) {
+	pidDir := r.Host.InRoot("var/run/nvidia-persistenced")
+	specs := []daemon.Spec{{
+		Name: "nvidia-persistenced", Required: true,
+		Cmd:     host.Cmd{Path: r.Host.InRoot("usr/bin/nvidia-persistenced"), Args: r.cfg.PersistencedArgs},
+		PIDFile: filepath.Join(pidDir, "nvidia-persistenced.pid"), StopTimeout: r.cfg.DaemonStopTimeout,
+		Prepare: func() error { return os.MkdirAll(pidDir, 0o755) },
+	}}
+	plan, err := fabric.Prepare(ctx, fabric.Options{
+		Roots: r.Host.Roots, Files: r.Host.Files, Log: r.Log, Overrides: r.cfg.NVFM,
+		ConfigCopy: r.Host.InRun("nvidia/driver-agent/fabricmanager.cfg"), PrereqTimeout: r.cfg.NVLink5PrereqTimeout,
+		StopTimeout: r.cfg.DaemonStopTimeout, NoWait: r.cfg.DryRun,
+	})
+	if err != nil {
+		return nil, plan, err
+	}
+	if plan.ConfigPath != "" {
+		r.push(PhaseDaemons, func(context.Context) error { return r.Host.Files.Remove(plan.ConfigPath) })
+	}
+	for _, w := range plan.Warnings {
+		r.notes = append(r.notes, "fabric: "+w)
+	}
+	if len(plan.Daemons) == 0 {
+		r.Log.Info("fabric manager is not needed", "reason", plan.Node.Reason)
+	}
+	return append(specs, plan.Daemons...), plan, nil
+}
+
 func (r *run) daemonsPhase(ctx context.Context) error {
-	if len(r.facts.NVSwitches) > 0 || r.nvswitchDevices() > 0 {
-		return fmt.Errorf("%w: this is an NVSwitch system and starting nv-fabricmanager is not implemented in this build", exitcode.ErrNotImplemented)
-	}
-	r.Log.Info("Starting NVIDIA persistence daemon...")
-	spec := daemon.Spec{Name: "nvidia-persistenced", Cmd: host.Cmd{Path: r.Host.InRoot("usr/bin/nvidia-persistenced"), Args: r.cfg.PersistencedArgs}}
-	if _, err := os.Stat(spec.Cmd.Path); err != nil {
-		if !r.cfg.DryRun {
-			return fmt.Errorf("%w: %s: %w (the image must ship NVIDIA's userspace)", exitcode.ErrDaemon, spec.Name, err)
-		}
-		r.notes = append(r.notes, fmt.Sprintf("daemons: %s is not in this container root; in the driver image it is", spec.Cmd.Path))
-	}
-	d, err := daemon.Start(ctx, r.Host, r.Log, spec)
+	specs, plan, err := r.daemonSpecs(ctx)
 	if err != nil {
 		return err
 	}
+	if r.cfg.DryRun {
+		for _, s := range specs {
+			if _, err := os.Stat(s.Cmd.Path); err != nil {
+				r.notes = append(r.notes, fmt.Sprintf("daemons: %s is not in this container root; in the driver image it is", s.Cmd.Path))
+			}
+			p, _ := r.Host.Exec.Start(ctx, s.Cmd) // the recorder: the plan shows the command line
+			r.push(PhaseDaemons, func(context.Context) error { return p.Signal(syscall.SIGTERM) })
+		}
+		return nil
+	}
+	childProc := r.ChildProc
+	if childProc == "" {
+		childProc = r.Host.Proc
+	}
+	sup := daemon.NewSupervisor(daemon.Options{Reaper: r.Reaper, Log: r.Log, Proc: childProc, OnChange: func(daemon.Status) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.status.Daemons = daemonStatuses(r.sup)
+	}})
 	r.mu.Lock()
-	r.daemons = append(r.daemons, d)
+	r.sup = sup
 	r.mu.Unlock()
 	r.push(PhaseDaemons, func(ctx context.Context) error {
 		r.Log.Info("Stopping NVIDIA persistence daemon...")
-		return d.Stop(ctx, r.cfg.DaemonStopTimeout)
+		return sup.Stop(ctx)
 	})
+	for _, s := range specs {
+		if s.Policy == (daemon.Policy{}) {
+			s.Policy = r.DaemonPolicy
+		}
+		r.Log.Info(daemonStartLine(s.Name), "command", s.CommandLine())
+		if _, err := sup.Start(s); err != nil {
+			return fmt.Errorf("%w: %w", exitcode.ErrDaemon, err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, daemonStartTimeout)
+		err := sup.WaitUp(wctx, s.Name)
+		cancel()
+		if err != nil {
+			return err
+		}
+	}
+	if plan.ResetGPUs {
+		r.Log.Info("Resetting the GPUs to clear stale fabric partitions (NVFM_CONFIG_FABRIC_MODE=1)")
+		if _, err := r.Reaper.Output(ctx, host.Cmd{Path: r.Host.InRoot("usr/bin/nvidia-smi"), Args: []string{"-r"}}); err != nil {
+			r.Log.Warn("nvidia-smi -r failed", "error", err)
+		}
+	}
 	return nil
 }
 
-func (r *run) nvswitchDevices() int {
-	entries, _ := os.ReadDir(r.Host.InProc("driver/nvidia-nvswitch/devices"))
-	return len(entries)
+func daemonStartLine(name string) string {
+	switch name {
+	case "nvidia-persistenced":
+		return "Starting NVIDIA persistence daemon..."
+	case fabric.NVLSMName:
+		return "Starting NVIDIA NVLink subnet manager..."
+	case fabric.FabricManagerName:
+		return "Starting NVIDIA fabric manager daemon..."
+	}
+	return "Starting " + name + "..."
+}
+
+// daemonStatuses converts the supervisor's view for status.json; sup may be nil.
+func daemonStatuses(sup *daemon.Supervisor) []status.Daemon {
+	if sup == nil {
+		return nil
+	}
+	var out []status.Daemon
+	for _, st := range sup.Statuses() {
+		d := status.Daemon{Name: st.Name, State: string(st.State), Restarts: st.Restarts}
+		if n := len(st.Tail); n > 0 {
+			d.LastLog = st.Tail[n-1]
+		}
+		out = append(out, d)
+	}
+	return out
 }
 
 func (r *run) shareRoot(context.Context) error {

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/driver-agent/driver-agent/pkg/daemon"
 	"github.com/driver-agent/driver-agent/pkg/kernel"
 	"github.com/driver-agent/driver-agent/pkg/metrics"
 	"github.com/driver-agent/driver-agent/pkg/status"
@@ -40,8 +41,8 @@ func (r *run) Snapshot() metrics.Snapshot {
 			s.Modules = append(s.Modules, metrics.Module{Name: name, Version: m.Version})
 		}
 	}
-	for _, d := range r.daemons {
-		s.Daemons = append(s.Daemons, metrics.Daemon{Name: d.Spec.Name, Up: d.State() == "up"})
+	for _, d := range daemonStatuses(r.sup) {
+		s.Daemons = append(s.Daemons, metrics.Daemon{Name: d.Name, Up: d.State == string(daemon.StateUp), Restarts: float64(d.Restarts)})
 	}
 	for k, v := range r.errors {
 		s.Errors[k] = v

@@ -2,13 +2,19 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"os"
+	"log/slog"
 	"path/filepath"
+	"strings"
 
+	"github.com/driver-agent/driver-agent/pkg/cache"
 	"github.com/driver-agent/driver-agent/pkg/detect"
 	"github.com/driver-agent/driver-agent/pkg/exitcode"
 	"github.com/driver-agent/driver-agent/pkg/host"
+	"github.com/driver-agent/driver-agent/pkg/kernel"
+	"github.com/driver-agent/driver-agent/pkg/link"
+	"github.com/driver-agent/driver-agent/pkg/precompiled"
 )
 
 // Install paths.
@@ -30,43 +36,135 @@ type Decision struct {
 	Reload       bool     `json:"reload"`            // loaded NVIDIA modules must be unloaded first
 	Modules      []string `json:"modules"`           // the NVIDIA modules to load, by kernel name
 	ModulesWhy   []string `json:"modulesWhy,omitempty"`
+	Skipped      []string `json:"skipped,omitempty"` // packages and cache entries passed over, with why
 }
 
-// Source finds and prepares kernel modules for the paths that load them (precompiled, cached,
+// Source finds and prepares kernel modules for the paths that load them (cached, precompiled,
 // compile).
 type Source interface {
-	// Find says which of those paths can provide modules for this node, and why.
+	// Find says which of those paths can provide modules for this node, and why. It reads only.
 	Find(ctx context.Context, f detect.Facts, flavor string) (Decision, error)
-	// Prepare produces the files of d.Modules; the agent orders them by their depends=.
-	Prepare(ctx context.Context, d Decision) ([]host.ModuleImage, error)
+	// Prepare produces the files of d.Modules, using workDir (private, removed at teardown) for
+	// anything it has to write; the agent orders them by their depends=.
+	Prepare(ctx context.Context, d Decision, workDir string) ([]host.ModuleImage, error)
 }
 
-// imageSource is the default Source: NVIDIA's precompiled packages shipped in the image under
-// <root>/usr/src/nvidia-<version>/<flavor>/precompiled.
+// imageSource is the default Source: the host cache, then NVIDIA's precompiled packages shipped
+// in the image under <root>/usr/src/nvidia-<version>/<flavor>/precompiled.
 type imageSource struct {
-	roots   host.Roots
-	version string
+	roots         host.Roots
+	version       string
+	release       string
+	banner        string
+	cacheDir      string
+	maxEntries    int
+	requireSigned bool
+	log           *slog.Logger
+	runner        interface {
+		Output(ctx context.Context, c host.Cmd) ([]byte, error)
+	}
 }
 
-func (s imageSource) dir(flavor string) string {
-	return s.roots.InRoot("usr/src", "nvidia-"+s.version, flavor, "precompiled")
+func (s *imageSource) srcDir(flavor string) string {
+	return s.roots.InRoot("usr/src", "nvidia-"+s.version, flavor)
+}
+
+func (s *imageSource) key(flavor string) cache.Key {
+	return cache.Key{Banner: s.banner, DriverVersion: s.version, Flavor: flavor}
 }
 
 // Find implements Source.
-func (s imageSource) Find(_ context.Context, f detect.Facts, flavor string) (Decision, error) {
-	dir := s.dir(flavor)
-	entries, err := os.ReadDir(dir)
-	if err != nil && !os.IsNotExist(err) {
-		return Decision{}, fmt.Errorf("precompiled packages: %w", err)
+func (s *imageSource) Find(_ context.Context, f detect.Facts, flavor string) (Decision, error) {
+	s.release, s.banner = f.KernelRelease, f.Banner
+	var d Decision
+	if s.cacheDir != "" {
+		entry, ok, err := cache.Lookup(s.cacheDir, s.key(flavor))
+		switch {
+		case ok:
+			d.Path, d.Package = PathCached, entry.Dir
+			d.Reason = fmt.Sprintf("modules built earlier on this node for this kernel banner, driver %s and flavour %s are in the cache", s.version, flavor)
+			return d, nil
+		case errors.Is(err, cache.ErrCorrupt):
+			s.log.Warn("damaged cache entry removed; it will be rebuilt", "error", err)
+			d.Skipped = append(d.Skipped, "cache: "+err.Error())
+		case err != nil:
+			s.log.Warn("module cache unusable", "dir", s.cacheDir, "error", err)
+			d.Skipped = append(d.Skipped, "cache: "+err.Error())
+		}
 	}
-	d := Decision{Path: PathCompile, Reason: fmt.Sprintf("no precompiled package in %s and no cached build for kernel %s", dir, f.KernelRelease)}
-	if len(entries) > 0 {
-		d.Reason = fmt.Sprintf("%d precompiled package(s) in %s, but this build cannot read them yet, and no cached build for kernel %s", len(entries), dir, f.KernelRelease)
+	dir := filepath.Join(s.srcDir(flavor), "precompiled")
+	res := precompiled.Scan(dir, s.banner, s.version)
+	for _, sk := range res.Skipped {
+		s.log.Warn("skipping precompiled package", "package", sk.Path, "why", sk.Reason)
+		d.Skipped = append(d.Skipped, fmt.Sprintf("%s: %s", sk.Path, sk.Reason))
 	}
+	if res.Found() {
+		s.log.Info("Found NVIDIA driver package " + filepath.Base(res.Path))
+		d.Path, d.Package = PathPrecompiled, res.Path
+		d.Reason = fmt.Sprintf("kernel interface matches: %s was built for this kernel banner and driver %s", filepath.Base(res.Path), s.version)
+		return d, nil
+	}
+	d.Path = PathCompile
+	d.Reason = fmt.Sprintf("no precompiled package in %s matches kernel %s and driver %s, and no cached build", dir, s.release, s.version)
 	return d, nil
 }
 
 // Prepare implements Source.
-func (s imageSource) Prepare(_ context.Context, d Decision) ([]host.ModuleImage, error) {
-	return nil, fmt.Errorf("%w: the %s install path (build tree %s) is not implemented in this build", exitcode.ErrNotImplemented, d.Path, filepath.Join("/usr/lib/modules", "<kver>", "build"))
+func (s *imageSource) Prepare(ctx context.Context, d Decision, workDir string) ([]host.ModuleImage, error) {
+	switch d.Path {
+	case PathCached:
+		entry, ok, err := cache.Lookup(s.cacheDir, s.key(d.Flavor))
+		if !ok {
+			return nil, fmt.Errorf("cache entry %s vanished: %w", d.Package, err)
+		}
+		return pick(entry.Modules, d)
+	case PathPrecompiled:
+		p, err := precompiled.ReadFile(d.Package)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", exitcode.ErrModuleLoad, err)
+		}
+		s.log.Info("Relinking NVIDIA driver kernel modules...", "package", d.Package)
+		mods, err := link.Link(ctx, p, filepath.Join(workDir, "link"), link.Options{
+			CoreObjectDir: s.srcDir(d.Flavor), KernelRelease: s.release, RequireSigned: s.requireSigned, Log: s.log, Runner: s.runner,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%w: link %s: %w", exitcode.ErrModuleLoad, filepath.Base(d.Package), err)
+		}
+		if s.cacheDir != "" {
+			if entry, err := cache.Store(s.cacheDir, s.key(d.Flavor), mods); err != nil {
+				s.log.Warn("could not store the linked modules in the cache; the next start links again", "dir", s.cacheDir, "error", err)
+			} else {
+				mods = entry.Modules
+				if removed, err := cache.Prune(s.cacheDir, s.maxEntries); err != nil {
+					s.log.Warn("could not prune the module cache", "error", err)
+				} else if len(removed) > 0 {
+					s.log.Info("pruned the module cache", "removed", removed)
+				}
+			}
+		}
+		return pick(mods, d)
+	}
+	return nil, fmt.Errorf("%w: %s; compiling against the kernel build tree is not available in this build, so an image with a precompiled package for this kernel is needed", exitcode.ErrNoInstallPath, d.Reason)
+}
+
+// pick returns the modules of d.Modules from mods, or says which are missing.
+func pick(mods []link.Module, d Decision) ([]host.ModuleImage, error) {
+	have := map[string]link.Module{}
+	for _, m := range mods {
+		have[kernel.Normalize(m.Name)] = m
+	}
+	var images []host.ModuleImage
+	var missing []string
+	for _, name := range d.Modules {
+		m, ok := have[name]
+		if !ok {
+			missing = append(missing, name)
+			continue
+		}
+		images = append(images, host.ModuleImage{Name: name, Path: m.Path})
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("%w: %s does not provide %s", exitcode.ErrNoInstallPath, d.Package, strings.Join(missing, ", "))
+	}
+	return images, nil
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/driver-agent/driver-agent/pkg/agent"
 	"github.com/driver-agent/driver-agent/pkg/config"
+	"github.com/driver-agent/driver-agent/pkg/daemon"
 	"github.com/driver-agent/driver-agent/pkg/exitcode"
 	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/lock"
@@ -147,12 +148,22 @@ func runInit(ctx context.Context, prog string, args, environ []string, stdout, s
 			"host_root", cfg.HostRoot, "fallback", cfg.HostRootFallback, "error", err)
 		cfg.HostRoot = cfg.HostRootFallback
 	}
-	a := &agent.Agent{Config: cfg, Log: log, Out: stdout}
+	a := &agent.Agent{Config: cfg, Log: log, Out: stdout, Version: version}
 	if cfg.DryRun {
 		a.Recorder = &host.Recorder{}
 		a.Host = host.DryRun(cfg.Roots, a.Recorder)
 	} else {
+		// Every child (daemons, the linker) is started and reaped in one place; as PID 1, or as a
+		// child subreaper otherwise, the agent also reaps what the daemons leave behind.
+		reaper, err := daemon.NewReaper(daemon.ReaperOptions{Log: log, All: true, Subreaper: os.Getpid() != 1})
+		if err != nil {
+			log.Error("cannot set up child process handling", "error", err)
+			return 1
+		}
+		defer reaper.Close()
+		a.Reaper = reaper
 		a.Host = host.Real(cfg.Roots)
+		a.Host.Exec = reaper
 	}
 	err := a.Run(ctx)
 	if !cfg.DryRun {

@@ -34,13 +34,17 @@ type Config struct {
 	TerminationLog string
 	MetricsAddress string
 
-	ShutdownTimeout    time.Duration
-	DaemonStopTimeout  time.Duration
-	HostModulesTimeout time.Duration
-	Modules            string // auto, load, host
-	LoadDRM            bool
-	PersistencedArgs   []string
-	ModuleParams       modparams.Set // --module-param module.key=value, over /drivers/<module>.conf
+	ShutdownTimeout      time.Duration
+	DaemonStopTimeout    time.Duration
+	HostModulesTimeout   time.Duration
+	NVLink5PrereqTimeout time.Duration
+	Modules              string // auto, load, host
+	LoadDRM              bool
+	PersistencedArgs     []string
+	ModuleParams         modparams.Set // --module-param module.key=value, over /drivers/<module>.conf
+	CacheDir             string        // "" means <run>/nvidia/driver-agent/cache
+	CacheMaxEntries      int
+	RequireSigned        bool
 
 	DriverVersion    string
 	DriverBranch     int
@@ -148,6 +152,7 @@ func Options() []Option {
 		ag(Option{Flag: "daemon-stop-timeout", Default: "5s", Usage: "time a daemon gets after SIGTERM before SIGKILL", set: duration(func(c *Config) *time.Duration { return &c.DaemonStopTimeout }, 100*time.Millisecond, 5*time.Minute)}),
 		ag(Option{Flag: "modules", Default: "auto", Usage: "who owns the kernel modules: auto, load (this agent) or host (never load or unload)", set: oneOf(func(c *Config) *string { return &c.Modules }, "auto", "load", "host")}),
 		ag(Option{Flag: "host-modules-timeout", Default: "5m", Usage: "with --modules=host, how long to wait for the host to load nvidia", set: duration(func(c *Config) *time.Duration { return &c.HostModulesTimeout }, 0, 24*time.Hour)}),
+		ag(Option{Flag: "nvlink5-prereq-timeout", Default: "5m", Usage: "on NVLink5 nodes, how long to wait for mlx5_core and ib_umad", set: duration(func(c *Config) *time.Duration { return &c.NVLink5PrereqTimeout }, time.Second, 24*time.Hour)}),
 		ag(Option{Flag: "load-drm", Default: "false", Bool: true, Usage: "also load nvidia-drm", set: boolean(func(c *Config) *bool { return &c.LoadDRM })}),
 		ag(Option{Flag: "persistenced-args", Default: "--persistence-mode", Usage: "arguments for nvidia-persistenced", set: func(c *Config, v string) error {
 			if strings.ContainsFunc(v, unicode.IsControl) {
@@ -156,6 +161,22 @@ func Options() []Option {
 			c.PersistencedArgs = strings.Fields(v)
 			return nil
 		}}),
+		ag(Option{Flag: "cache-dir", Usage: "host cache of ready modules (default <run>/nvidia/driver-agent/cache; point it at a hostPath to survive reboots)", set: func(c *Config, v string) error {
+			if v != "" && !strings.HasPrefix(v, "/") {
+				return errors.New("want an absolute path")
+			}
+			c.CacheDir = v
+			return nil
+		}}),
+		ag(Option{Flag: "cache-max-entries", Default: "4", Usage: "cache entries kept, oldest removed first (0 disables the cache)", set: func(c *Config, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 || n > 1000 {
+				return errors.New("want a whole number from 0 to 1000")
+			}
+			c.CacheMaxEntries = n
+			return nil
+		}}),
+		ag(Option{Flag: "require-signed", Default: "false", Bool: true, Usage: "refuse modules whose stored signature cannot be re-attached", set: boolean(func(c *Config) *bool { return &c.RequireSigned })}),
 		ag(Option{Flag: "module-param", Repeat: true, Usage: "module.key=value, repeatable; overrides /drivers/<module>.conf", set: func(c *Config, v string) error {
 			var f modparams.Flag
 			for _, p := range strings.Fields(v) {

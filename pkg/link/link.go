@@ -24,6 +24,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/modfile"
 	"github.com/driver-agent/driver-agent/pkg/precompiled"
 )
@@ -63,6 +64,11 @@ type Options struct {
 	RequireSigned bool
 	// Log receives progress and warnings; nil discards them.
 	Log *slog.Logger
+	// Runner, when set, runs the linker; it must be set when the process waits for its children
+	// in one place (the agent's reaper), since os/exec would race it for the exit status.
+	Runner interface {
+		Output(ctx context.Context, c host.Cmd) ([]byte, error)
+	}
 }
 
 // Module is a kernel module ready to load.
@@ -302,7 +308,16 @@ func linkInterface(ctx context.Context, f *precompiled.File, iface, out, ld, com
 	}
 	log.Info("linking kernel module", "module", f.LinkedModuleName, "interface", f.Name, "core_object", core,
 		"module_common", common)
-	if err := runLD(ctx, ld, args); err != nil {
+	run := runLD
+	if opts.Runner != nil {
+		run = func(ctx context.Context, ld string, args []string) error {
+			if _, err := opts.Runner.Output(ctx, host.Cmd{Path: ld, Args: args}); err != nil {
+				return fmt.Errorf("%w: %s %s: %w", ErrLink, ld, strings.Join(args, " "), err)
+			}
+			return nil
+		}
+	}
+	if err := run(ctx, ld, args); err != nil {
 		return Module{}, fmt.Errorf("link %s: %w", f.LinkedModuleName, err)
 	}
 	linked, err := os.ReadFile(out)
