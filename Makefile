@@ -7,7 +7,7 @@ BIN       := bin
 STATICCHECK_VERSION := v0.8.2
 FUZZTIME  ?= 20s
 
-.PHONY: all build test lint fmt vet staticcheck fuzz vm-test deps ci clean
+.PHONY: all build test lint fmt vet staticcheck fuzz vm-test vm-deps deps ci clean
 
 all: build
 
@@ -23,9 +23,11 @@ fmt:
 
 vet:
 	$(GO) vet ./...
+	$(GO) vet -tags vmtest ./test/vm/
 
 staticcheck:
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) -tags vmtest ./test/vm/
 
 lint: fmt vet staticcheck
 
@@ -42,7 +44,11 @@ vm-test:
 deps:
 	bash scripts/install-deps.sh
 
-ci: deps lint test build
+# qemu, busybox, the kernel headers and the matching kernel image for the VM tests (as root)
+vm-deps:
+	bash scripts/vm-deps.sh
+
+ci: deps vm-deps lint test build vm-test
 
 clean:
 	rm -rf $(BIN)

@@ -20,6 +20,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -311,7 +312,11 @@ func linkInterface(ctx context.Context, f *precompiled.File, iface, out, ld, com
 	run := runLD
 	if opts.Runner != nil {
 		run = func(ctx context.Context, ld string, args []string) error {
-			if _, err := opts.Runner.Output(ctx, host.Cmd{Path: ld, Args: args}); err != nil {
+			path, err := exec.LookPath(ld) // the runner executes a path, not a name to search for
+			if err != nil {
+				return fmt.Errorf("%w: %w", ErrLink, err)
+			}
+			if _, err := opts.Runner.Output(ctx, host.Cmd{Path: path, Args: args}); err != nil {
 				return fmt.Errorf("%w: %s %s: %w", ErrLink, ld, strings.Join(args, " "), err)
 			}
 			return nil

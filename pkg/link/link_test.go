@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/precompiled"
 )
 
@@ -590,4 +591,28 @@ func waitGone(t *testing.T, id int) {
 func zombie(stat string) bool {
 	i := strings.LastIndexByte(stat, ')')
 	return i >= 0 && i+2 < len(stat) && stat[i+2] == 'Z'
+}
+
+// recordingRunner runs commands with os/exec and remembers them, as the agent's reaper would.
+type recordingRunner struct{ cmds []host.Cmd }
+
+func (r *recordingRunner) Output(ctx context.Context, c host.Cmd) ([]byte, error) {
+	r.cmds = append(r.cmds, c)
+	return exec.CommandContext(ctx, c.Path, c.Args...).Output()
+}
+
+func TestLinkThroughRunner(t *testing.T) {
+	t.Parallel()
+	o := stubs(t)
+	runner := &recordingRunner{}
+	mods, err := Link(context.Background(), newPackage(t, debianBanner, o, nil), filepath.Join(t.TempDir(), "work"), Options{CoreObjectDir: coreDir(t, o), Runner: runner})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(runner.cmds) == 0 || !filepath.IsAbs(runner.cmds[0].Path) || runner.cmds[0].Args[0] != "-d" {
+		t.Fatalf("runner calls %+v: want ld by absolute path with -d -r", runner.cmds)
+	}
+	if len(mods) == 0 {
+		t.Fatal("no modules")
+	}
 }

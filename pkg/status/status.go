@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/driver-agent/driver-agent/pkg/host"
@@ -102,9 +103,16 @@ func (w Writer) Write(s Status) error {
 	return w.write(w.Paths.StatusJSON(), append(data, '\n'))
 }
 
-// Remove removes status.json and its directory when empty.
+// Remove removes status.json, and its directory unless something else (the module cache) is in it.
 func (w Writer) Remove() error {
-	return errors.Join(w.Files.Remove(w.Paths.StatusJSON()), w.Files.Remove(filepath.Dir(w.Paths.StatusJSON())))
+	if err := w.Files.Remove(w.Paths.StatusJSON()); err != nil {
+		return err
+	}
+	err := w.Files.Remove(filepath.Dir(w.Paths.StatusJSON()))
+	if errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, syscall.EEXIST) {
+		return nil
+	}
+	return err
 }
 
 func (w Writer) write(path string, data []byte) error {

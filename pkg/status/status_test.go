@@ -80,3 +80,21 @@ func TestOperatorFiles(t *testing.T) {
 		t.Errorf("Format = %q", out)
 	}
 }
+
+func TestRemoveKeepsOtherContent(t *testing.T) {
+	t.Parallel()
+	p := Paths{Run: t.TempDir()}
+	w := Writer{Files: host.OSFiles{}, Paths: p}
+	w.Write(Status{Phase: "wait"})
+	cache := filepath.Join(filepath.Dir(p.StatusJSON()), "cache")
+	os.MkdirAll(cache, 0o755)
+	if err := w.Remove(); err != nil {
+		t.Fatalf("Remove with the cache beside it: %v", err)
+	}
+	if _, err := os.Stat(p.StatusJSON()); !os.IsNotExist(err) {
+		t.Error("status.json left")
+	}
+	if _, err := os.Stat(cache); err != nil {
+		t.Error("the cache beside status.json was removed")
+	}
+}

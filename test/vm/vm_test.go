@@ -27,7 +27,7 @@ const driverVersion = "580.95.05"
 // persistencedMode is how the nvidia-persistenced stand-in starts (guest/nvidia-persistenced):
 // "foreground" for an agent that supervises it as a child, "fork" for one that tracks the real
 // daemon's PID file. DRIVER_AGENT_VM_PERSISTENCED overrides it.
-const persistencedMode = "foreground"
+const persistencedMode = "fork"
 
 // group is one boot: the scenarios it runs, in order (see guest/scenarios.sh).
 type group struct {

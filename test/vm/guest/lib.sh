@@ -19,7 +19,7 @@ DRIVER_ROOT=/run/nvidia/driver
 PERSISTENCED_PIDFILE=/var/run/nvidia-persistenced/nvidia-persistenced.pid
 FIRMWARE_PATH=/sys/module/firmware_class/parameters/path
 FIRMWARE_WANT=/run/nvidia/driver/lib/firmware
-AGENT_CACHE=/var/lib/nvidia-driver-agent
+AGENT_CACHE=/run/nvidia/driver-agent/cache
 SHUTDOWN_TIMEOUT_S=15
 # The environment the gpu-operator would give the container, minus the digest.
 AGENT_ENV="DRIVER_VERSION=$VMTEST_DRIVER_VERSION KERNEL_MODULE_TYPE=proprietary NODE_NAME=vmtest

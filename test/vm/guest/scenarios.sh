@@ -250,7 +250,7 @@ scn_reload_digest() {
 	start_ready "$log" vmtest-b || return
 	[ "$(load_id)" != "$id" ] || fail "nvidia was not reloaded (load id $id unchanged)"
 	check_eq "$STATE" "$(readv "$STATE")" vmtest-b
-	grep -q '"installPath": *"precompiled"' "$STATUS_JSON" 2>/dev/null || fail "$STATUS_JSON does not say installPath precompiled"
+	grep -Eq '"installPath": *"(precompiled|cached)"' "$STATUS_JSON" 2>/dev/null || fail "$STATUS_JSON does not say installPath precompiled or cached"
 	agent_stop TERM $((SHUTDOWN_TIMEOUT_S + 10))
 	check_eq "exit code after SIGTERM" "$AGENT_RC" 0
 	check_stopped
