@@ -4,13 +4,17 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -615,5 +619,80 @@ func TestHostManagedDriver(t *testing.T) {
 	}
 	if _, err := os.Stat(w.roots.InRun("nvidia/nvidia-driver.state")); !os.IsNotExist(err) {
 		t.Error("host mode stored a digest")
+	}
+}
+
+// phaseKernel scrapes the agent's endpoints when a module is first loaded (the load phase is
+// running) and when one is first unloaded (teardown has begun).
+type phaseKernel struct {
+	*hosttest.FakeKernel
+	addr               func() string
+	duringLoad, inTear map[string]string
+	t                  *testing.T
+}
+
+func (k *phaseKernel) scrape() map[string]string {
+	out := map[string]string{}
+	for _, path := range []string{"/metrics", "/readyz"} {
+		resp, err := http.Get("http://" + k.addr() + path)
+		if err != nil {
+			k.t.Errorf("GET %s: %v", path, err)
+			continue
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		out[path] = fmt.Sprintf("%d %s", resp.StatusCode, body)
+	}
+	return out
+}
+
+func (k *phaseKernel) LoadModule(m host.ModuleImage) error {
+	if k.duringLoad == nil {
+		k.duringLoad = k.scrape()
+	}
+	return k.FakeKernel.LoadModule(m)
+}
+
+func (k *phaseKernel) UnloadModule(name string) error {
+	if k.inTear == nil {
+		k.inTear = k.scrape()
+	}
+	return k.FakeKernel.UnloadModule(name)
+}
+
+// TestMetricsFollowTheRun scrapes the real server of a running agent: the phase while loading,
+// /readyz 503 until Ready, 200 at Ready and 503 again once teardown starts, and promtool accepts
+// the exposition.
+func TestMetricsFollowTheRun(t *testing.T) {
+	w := newWorld(t)
+	a := w.agent(t)
+	var mu sync.Mutex
+	var addr string
+	a.OnListen = func(s string) { mu.Lock(); addr = s; mu.Unlock() }
+	k := &phaseKernel{FakeKernel: w.kernel, t: t, addr: func() string { mu.Lock(); defer mu.Unlock(); return addr }}
+	a.Host.Kernel = k
+	cancel, done := startAgent(a)
+	defer cancel()
+	w.waitReady(t, done)
+	ready := k.scrape()
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if m := k.duringLoad["/metrics"]; !strings.Contains(m, `driver_agent_phase{phase="load"} 1`) || !strings.HasPrefix(k.duringLoad["/readyz"], "503") {
+		t.Errorf("during the load: /readyz %q, metrics:\n%s", k.duringLoad["/readyz"], m)
+	}
+	if !strings.HasPrefix(ready["/readyz"], "200") || !strings.Contains(ready["/metrics"], "driver_agent_ready 1") ||
+		!strings.Contains(ready["/metrics"], `driver_agent_module_loaded{module="nvidia",version="535.309.01"} 1`) ||
+		!strings.Contains(ready["/metrics"], `driver_agent_daemon_up{daemon="nvidia-persistenced"} 1`) {
+		t.Errorf("at Ready: /readyz %q, metrics:\n%s", ready["/readyz"], ready["/metrics"])
+	}
+	if !strings.HasPrefix(k.inTear["/readyz"], "503") || !strings.Contains(k.inTear["/metrics"], `driver_agent_phase{phase="teardown"} 1`) {
+		t.Errorf("in teardown: /readyz %q", k.inTear["/readyz"])
+	}
+	promtool := exec.Command("promtool", "check", "metrics")
+	promtool.Stdin = strings.NewReader(strings.SplitN(ready["/metrics"], " ", 2)[1])
+	if out, err := promtool.CombinedOutput(); err != nil {
+		t.Errorf("promtool check metrics on the agent's scrape: %v\n%s", err, out)
 	}
 }

@@ -176,6 +176,11 @@ func runInit(ctx context.Context, prog string, args, environ []string, stdout, s
 }
 
 func runStatus(prog string, args, environ []string, stdout, stderr io.Writer) int {
+	for i, a := range args {
+		if a == "--json" || a == "-json" { // the short form scripts use
+			args[i] = "--output=json"
+		}
+	}
 	cfg, code := parse(prog, "status", args, environ, stderr)
 	if cfg == nil {
 		return code
