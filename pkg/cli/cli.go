@@ -57,6 +57,10 @@ func Main(ctx context.Context, argv, environ []string, stdout, stderr io.Writer)
 		return runStatus(prog, args, environ, stdout, stderr)
 	case "unload":
 		return runUnload(ctx, prog, args, environ, stderr)
+	case "reload_nvidia_peermem":
+		return runReloadPeermem(ctx, prog, args, environ, stderr)
+	case "probe_nvidia_peermem":
+		return runProbePeermem(prog, args, environ, stdout, stderr)
 	case "version":
 		fmt.Fprintf(stdout, "driver-agent %s\n", version)
 		return 0
@@ -77,6 +81,8 @@ Commands:
   init        install and load the NVIDIA driver, start its daemons, share the driver root, wait for SIGTERM
   status      print what the running agent is doing (--output json for scripts)
   unload      unload the NVIDIA modules (holders first); refuses while init runs
+  reload_nvidia_peermem, probe_nvidia_peermem
+              the GPUDirect RDMA sidecar's entrypoint and probe (the operator's names)
   version     print the version
   precompiled read, match, pack and unpack NVIDIA precompiled kernel-interface packages
   help        this text; "help init" lists every flag, "help exit-codes" the exit codes

@@ -3,6 +3,8 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -35,5 +37,18 @@ func TestStatusCommand(t *testing.T) {
 	}
 	if code := Main(context.Background(), []string{"driver-agent", "status", "--run", t.TempDir()}, nil, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), "no status at") {
 		t.Errorf("no agent: exit %d, %q", code, errOut.String())
+	}
+}
+
+func TestProbePeermemCommand(t *testing.T) {
+	sys := t.TempDir()
+	var out, errOut strings.Builder
+	if code := Main(context.Background(), []string{"nvidia-driver", "probe_nvidia_peermem", "--sys", sys}, nil, &out, &errOut); code != 0 || !strings.Contains(out.String(), "MOFED drivers are not ready") {
+		t.Errorf("without MOFED: exit %d, %q %q", code, out.String(), errOut.String())
+	}
+	os.MkdirAll(filepath.Join(sys, "module/mlx5_core"), 0o755)
+	os.WriteFile(filepath.Join(sys, "module/mlx5_core/refcnt"), []byte("0\n"), 0o644)
+	if code := Main(context.Background(), []string{"nvidia-driver", "probe_nvidia_peermem", "--sys", sys}, nil, &out, &errOut); code != 1 {
+		t.Errorf("MOFED up, peermem missing: exit %d, want 1", code)
 	}
 }

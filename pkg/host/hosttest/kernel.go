@@ -42,6 +42,9 @@ type FakeKernel struct {
 // NewFakeKernel returns a fake kernel over the roots' proc and sys. modules says what can be
 // loaded; unknown names load with no dependencies.
 func NewFakeKernel(r host.Roots, modules map[string]FakeModule) *FakeKernel {
+	if modules == nil {
+		modules = map[string]FakeModule{}
+	}
 	base, _ := os.ReadFile(filepath.Join(r.Proc, "modules"))
 	fixed := map[string]bool{}
 	for _, line := range strings.Split(string(base), "\n") {
