@@ -63,6 +63,15 @@ type Agent struct {
 	ChildProc string
 	// DaemonPolicy is the daemons' restart policy; the zero value takes the supervisor's defaults.
 	DaemonPolicy daemon.Policy
+	// FabricSettle is how long nv-fabricmanager must run before it counts as up; zero means the
+	// fabric package's default (3s), negative means at once.
+	FabricSettle time.Duration
+	// FabricPoll is how often the fabric state is read again while GPUs are still registering;
+	// zero means 5s.
+	FabricPoll time.Duration
+	// FabricTimeout bounds how long the fabric state may stay in progress once fabric manager is
+	// up; zero means 2m.
+	FabricTimeout time.Duration
 	// Version is the agent's version, for the build-info metric.
 	Version string
 	// OnListen, when set, is told the metrics server's address once it listens.

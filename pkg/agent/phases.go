@@ -470,8 +470,9 @@ func contains(list []string, s string) bool {
 // daemonStartTimeout bounds how long the agent waits for each required daemon to come up.
 const daemonStartTimeout = 2 * time.Minute
 
-// daemonSpecs are the daemons this node needs, in start order: nvidia-persistenced, then NVLSM
-// and fabric manager on NVLink5 nodes, or fabric manager on NVSwitch nodes.
+// daemonSpecs are the daemons this node needs, in start order: nvidia-persistenced; on a vGPU
+// guest nvidia-gridd and nvidia-topologyd; then NVLSM and fabric manager on NVLink5 nodes, or
+// fabric manager on NVSwitch nodes.
 func (r *run) daemonSpecs(ctx context.Context) ([]daemon.Spec, fabric.Plan, error) {
 	pidDir := r.Host.InRoot("var/run/nvidia-persistenced")
 	specs := []daemon.Spec{{
@@ -480,10 +481,15 @@ func (r *run) daemonSpecs(ctx context.Context) ([]daemon.Spec, fabric.Plan, erro
 		PIDFile: filepath.Join(pidDir, "nvidia-persistenced.pid"), StopTimeout: r.cfg.DaemonStopTimeout,
 		Prepare: func() error { return os.MkdirAll(pidDir, 0o755) },
 	}}
+	vgpu, err := r.vgpuSpecs()
+	if err != nil {
+		return nil, fabric.Plan{}, err
+	}
+	specs = append(specs, vgpu...)
 	plan, err := fabric.Prepare(ctx, fabric.Options{
 		Roots: r.Host.Roots, Files: r.Host.Files, Log: r.Log, Overrides: r.cfg.NVFM,
 		ConfigCopy: r.Host.InRun("nvidia/driver-agent/fabricmanager.cfg"), PrereqTimeout: r.cfg.NVLink5PrereqTimeout,
-		StopTimeout: r.cfg.DaemonStopTimeout, NoWait: r.cfg.DryRun,
+		StopTimeout: r.cfg.DaemonStopTimeout, NoWait: r.cfg.DryRun, SettleTime: r.FabricSettle,
 	})
 	if err != nil {
 		return nil, plan, err
@@ -512,6 +518,13 @@ func (r *run) daemonsPhase(ctx context.Context) error {
 			}
 			p, _ := r.Host.Exec.Start(ctx, s.Cmd) // the recorder: the plan shows the command line
 			r.push(PhaseDaemons, func(context.Context) error { return p.Signal(syscall.SIGTERM) })
+		}
+		if len(plan.Daemons) > 0 {
+			if _, err := os.Stat(r.nvidiaSMI()); err != nil {
+				r.notes = append(r.notes, fmt.Sprintf("daemons: %s is not in this container root, so the fabric state would not be checked", r.nvidiaSMI()))
+			} else {
+				r.notes = append(r.notes, fmt.Sprintf("daemons: once %s is up, would read the fabric state with %s -q and fail on a fabric failure", fabric.FabricManagerName, r.nvidiaSMI()))
+			}
 		}
 		return nil
 	}
@@ -542,15 +555,24 @@ func (r *run) daemonsPhase(ctx context.Context) error {
 		wctx, cancel := context.WithTimeout(ctx, daemonStartTimeout)
 		err := sup.WaitUp(wctx, s.Name)
 		cancel()
-		if err != nil {
+		switch {
+		case err == nil:
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case !s.Required:
+			r.Log.Warn("an optional daemon is not up; going on without it", "daemon", s.Name, "error", err)
+		default:
 			return err
 		}
 	}
 	if plan.ResetGPUs {
 		r.Log.Info("Resetting the GPUs to clear stale fabric partitions (NVFM_CONFIG_FABRIC_MODE=1)")
-		if _, err := r.Reaper.Output(ctx, host.Cmd{Path: r.Host.InRoot("usr/bin/nvidia-smi"), Args: []string{"-r"}}); err != nil {
+		if _, err := r.Reaper.Output(ctx, host.Cmd{Path: r.nvidiaSMI(), Args: []string{"-r"}}); err != nil {
 			r.Log.Warn("nvidia-smi -r failed", "error", err)
 		}
+	}
+	if len(plan.Daemons) > 0 {
+		return r.checkFabric(ctx, plan)
 	}
 	return nil
 }

@@ -25,7 +25,7 @@ func (r *run) Snapshot() metrics.Snapshot {
 		Flavor: r.decision.Flavor, Kernel: r.facts.KernelRelease, OS: strings.TrimSpace(r.facts.OS.ID + " " + r.facts.OS.VersionID),
 		InstallPath: r.decision.Path, Phase: r.status.Phase, Phases: Phases(), Ready: r.status.Ready,
 		DeviceNodes: len(r.devices), GPUs: len(r.facts.GPUs), NVSwitches: len(r.facts.NVSwitches),
-		Errors: map[string]float64{}, LastShutdown: r.lastShut,
+		Errors: map[string]float64{}, LastShutdown: r.lastShut, FabricState: metricsFabricState(r.status.Fabric),
 	}
 	// Alive: a phase is running (each is bounded by its own timeouts), or the wait loop ticked lately.
 	s.Alive = r.status.Phase != PhaseWait || r.Now().Sub(r.beat) < time.Minute

@@ -55,6 +55,8 @@ type Config struct {
 	MaxThreads       int // 0: chosen from the machine
 	NodeName         string
 	NVFM             map[string]string // NVFM_CONFIG_<KEY>=value overrides for fabricmanager.cfg
+	DriverType       string            // passthrough or vgpu (a vGPU guest: nvidia-gridd, nvidia-topologyd)
+	VGPULicenseType  string            // NLS copies <drivers-dir>/ClientConfigToken/* for nvidia-gridd
 }
 
 // Option describes one flag and its environment variable.
@@ -71,6 +73,7 @@ type Option struct {
 var (
 	versionRE = regexp.MustCompile(`^[0-9]+\.[0-9]+(\.[0-9]+)?$`)
 	nvfmKeyRE = regexp.MustCompile(`^[A-Z0-9_]+$`)
+	wordRE    = regexp.MustCompile(`^[A-Za-z0-9_-]{1,32}$`)
 )
 
 func agentEnv(flag string) string {
@@ -227,6 +230,14 @@ func Options() []Option {
 			return nil
 		}},
 		{Flag: "node-name", Env: "NODE_NAME", Usage: "the Kubernetes node name (for logs and metrics)", set: str(func(c *Config) *string { return &c.NodeName })},
+		{Flag: "driver-type", Env: "DRIVER_TYPE", Default: "passthrough", Usage: "passthrough (bare metal, GPU passthrough) or vgpu (a vGPU guest: also run nvidia-gridd and nvidia-topologyd)", set: oneOf(func(c *Config) *string { return &c.DriverType }, "passthrough", "vgpu")},
+		{Flag: "vgpu-license-server-type", Env: "VGPU_LICENSE_SERVER_TYPE", Default: "NLS", Usage: "vGPU licensing: NLS also copies <drivers-dir>/ClientConfigToken/* to /etc/nvidia/ClientConfigToken/ for nvidia-gridd", set: func(c *Config, v string) error {
+			if !wordRE.MatchString(v) {
+				return errors.New("want a single word such as NLS")
+			}
+			c.VGPULicenseType = v
+			return nil
+		}},
 	}
 }
 

@@ -20,7 +20,8 @@ func TestDefaultsAndPrecedence(t *testing.T) {
 	if c.LogLevel != "debug" || c.Run != "/host/run" || c.Proc != "/proc" || c.HostRoot != "/proc/1/root" || !c.DryRun {
 		t.Errorf("flag > env > default broken: %+v", c)
 	}
-	if c.DriverVersion != "580.95.05" || !c.RDMA || c.MaxThreads != 8 || c.NVFM["FABRIC_MODE"] != "1" || c.ShutdownTimeout != 25*time.Second {
+	if c.DriverVersion != "580.95.05" || !c.RDMA || c.MaxThreads != 8 || c.NVFM["FABRIC_MODE"] != "1" || c.ShutdownTimeout != 25*time.Second ||
+		c.DriverType != "passthrough" || c.VGPULicenseType != "NLS" {
 		t.Errorf("operator settings: %+v", c)
 	}
 	if len(rest) != 1 || rest[0] != "extra" {
@@ -68,6 +69,8 @@ func TestEveryValidationError(t *testing.T) {
 		{"GPU_DIRECT_RDMA_ENABLED=on", `GPU_DIRECT_RDMA_ENABLED="on": want true or false`},
 		{"USE_HOST_MOFED=1x", `USE_HOST_MOFED="1x": want true or false`},
 		{"MAX_THREADS=0", `MAX_THREADS="0": want a whole number from 1 to 1024`},
+		{"DRIVER_TYPE=vgpu-host", `DRIVER_TYPE="vgpu-host": want one of passthrough, vgpu`},
+		{"VGPU_LICENSE_SERVER_TYPE=NLS server", `VGPU_LICENSE_SERVER_TYPE="NLS server": want a single word such as NLS`},
 		{"NVFM_CONFIG_fabric_mode=1", `NVFM_CONFIG_fabric_mode: the fabric manager key "fabric_mode" must match [A-Z0-9_]+`},
 		{"NVFM_CONFIG_LOG_FILE_NAME=a\nb", `NVFM_CONFIG_LOG_FILE_NAME="a\nb": want a single-line value`},
 	}

@@ -71,3 +71,49 @@ func validKey(k string) bool {
 	}
 	return true
 }
+
+// FuzzParseFabricState checks that the nvidia-smi parser never panics, that what it returns is
+// well formed (a GPU per header, single-line trimmed values, a summary that is one of the four
+// states and agrees with the GPUs), and that a value put in a Fabric section's State line comes
+// back verbatim (trimmed).
+func FuzzParseFabricState(f *testing.F) {
+	f.Add("GPU 00000000:18:00.0\n    Fabric\n        State : Completed\n        Status : Success\n", "In Progress")
+	f.Add("No devices were found\n", "Completed")
+	f.Add("GPU a\n\tFabric\n\t\tHealth\n\t\t\tSummary : Unhealthy\n", " N/A ")
+	f.Fuzz(func(t *testing.T, in, value string) {
+		gpus, err := fabric.ParseFabricState(strings.NewReader(in))
+		if err == nil && len(gpus) == 0 {
+			t.Fatal("no error and no GPU")
+		}
+		failed := false
+		for _, g := range gpus {
+			for _, v := range []string{g.GPU, g.State, g.Status, g.CliqueID, g.ClusterUUID, g.Health} {
+				if strings.ContainsAny(v, "\n") || v != strings.TrimSpace(v) {
+					t.Fatalf("value %q is not a trimmed single line", v)
+				}
+			}
+			failed = failed || g.Classify() == fabric.StateFailed
+		}
+		s := fabric.Summarize(gpus)
+		switch s.State {
+		case fabric.StateCompleted, fabric.StateInProgress, fabric.StateFailed, fabric.StateNotSupported:
+		default:
+			t.Fatalf("summary state %q", s.State)
+		}
+		if failed != (s.State == fabric.StateFailed) || s.Detail == "" {
+			t.Fatalf("summary %+v disagrees with the GPUs %+v", s, gpus)
+		}
+
+		if strings.ContainsAny(value, "\n") {
+			return
+		}
+		doc := "GPU 00000000:18:00.0\n    Fabric\n        State                             : " + value + "\n        Status                            : Success\n"
+		gpus, err = fabric.ParseFabricState(strings.NewReader(doc))
+		if err != nil || len(gpus) != 1 {
+			t.Fatalf("parse %q: %v, %+v", doc, err, gpus)
+		}
+		if want := strings.TrimSpace(value); gpus[0].State != want || gpus[0].Status != "Success" {
+			t.Fatalf("State %q Status %q, want %q and Success", gpus[0].State, gpus[0].Status, want)
+		}
+	})
+}

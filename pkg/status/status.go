@@ -33,7 +33,13 @@ type Status struct {
 	Updated       time.Time `json:"updated"`
 	Phases        []Timing  `json:"phases"`
 	Daemons       []Daemon  `json:"daemons,omitempty"`
-	LastError     string    `json:"lastError,omitempty"`
+	// Fabric is the NVSwitch fabric state the GPUs report once fabric manager is up (completed,
+	// in_progress, failed, not_supported), or unknown when it could not be read; empty on nodes
+	// without fabric manager.
+	Fabric string `json:"fabric,omitempty"`
+	// FabricDetail says what the GPUs report, or why the state is unknown.
+	FabricDetail string `json:"fabricDetail,omitempty"`
+	LastError    string `json:"lastError,omitempty"`
 }
 
 // Timing is how one phase went.
@@ -161,6 +167,13 @@ func Format(s Status) string {
 	}
 	for _, d := range s.Daemons {
 		fmt.Fprintf(&b, "daemon %s: %s, %d restarts %s\n", d.Name, d.State, d.Restarts, d.LastLog)
+	}
+	if s.Fabric != "" {
+		fmt.Fprintf(&b, "fabric:         %s", s.Fabric)
+		if s.FabricDetail != "" {
+			fmt.Fprintf(&b, " (%s)", s.FabricDetail)
+		}
+		b.WriteString("\n")
 	}
 	if s.LastError != "" {
 		fmt.Fprintf(&b, "last error:     %s\n", s.LastError)

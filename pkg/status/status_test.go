@@ -76,8 +76,12 @@ func TestOperatorFiles(t *testing.T) {
 		t.Errorf("state = %q", got)
 	}
 	out := Format(Status{Phase: "wait", Ready: true, Phases: []Timing{{Name: "load", Result: "ok", Duration: 1500 * time.Millisecond}}})
-	if !strings.Contains(out, "load") || !strings.Contains(out, "1.5s") {
+	if !strings.Contains(out, "load") || !strings.Contains(out, "1.5s") || strings.Contains(out, "fabric") {
 		t.Errorf("Format = %q", out)
+	}
+	out = Format(Status{Phase: "wait", Fabric: "completed", FabricDetail: "8 GPUs Completed/Success"})
+	if !strings.Contains(out, "fabric:         completed (8 GPUs Completed/Success)\n") {
+		t.Errorf("Format with a fabric state = %q", out)
 	}
 }
 
