@@ -627,6 +627,8 @@ func TestHostManagedDriver(t *testing.T) {
 type phaseKernel struct {
 	*hosttest.FakeKernel
 	addr               func() string
+	events             func() []string
+	daemonsAtUnload    string
 	duringLoad, inTear map[string]string
 	t                  *testing.T
 }
@@ -656,20 +658,23 @@ func (k *phaseKernel) LoadModule(m host.ModuleImage) error {
 func (k *phaseKernel) UnloadModule(name string) error {
 	if k.inTear == nil {
 		k.inTear = k.scrape()
+		k.daemonsAtUnload = strings.Join(k.events(), " ")
 	}
 	return k.FakeKernel.UnloadModule(name)
 }
 
 // TestMetricsFollowTheRun scrapes the real server of a running agent: the phase while loading,
 // /readyz 503 until Ready, 200 at Ready and 503 again once teardown starts, and promtool accepts
-// the exposition.
+// the exposition. It also checks the teardown order: the daemons are stopped before the first
+// module is unloaded.
 func TestMetricsFollowTheRun(t *testing.T) {
 	w := newWorld(t)
 	a := w.agent(t)
 	var mu sync.Mutex
 	var addr string
 	a.OnListen = func(s string) { mu.Lock(); addr = s; mu.Unlock() }
-	k := &phaseKernel{FakeKernel: w.kernel, t: t, addr: func() string { mu.Lock(); defer mu.Unlock(); return addr }}
+	k := &phaseKernel{FakeKernel: w.kernel, t: t, addr: func() string { mu.Lock(); defer mu.Unlock(); return addr },
+		events: func() []string { return w.daemonEvents(t) }}
 	a.Host.Kernel = k
 	cancel, done := startAgent(a)
 	defer cancel()
@@ -690,9 +695,37 @@ func TestMetricsFollowTheRun(t *testing.T) {
 	if !strings.HasPrefix(k.inTear["/readyz"], "503") || !strings.Contains(k.inTear["/metrics"], `driver_agent_phase{phase="teardown"} 1`) {
 		t.Errorf("in teardown: /readyz %q", k.inTear["/readyz"])
 	}
+	if !strings.Contains(k.daemonsAtUnload, "stop") {
+		t.Errorf("daemon events when the first module was unloaded: %q; the daemons must stop first", k.daemonsAtUnload)
+	}
 	promtool := exec.Command("promtool", "check", "metrics")
 	promtool.Stdin = strings.NewReader(strings.SplitN(ready["/metrics"], " ", 2)[1])
 	if out, err := promtool.CombinedOutput(); err != nil {
 		t.Errorf("promtool check metrics on the agent's scrape: %v\n%s", err, out)
 	}
+}
+
+func TestLoadDRMDefaultsModeset(t *testing.T) {
+	w := newWorld(t)
+	a := w.agent(t, "--load-drm")
+	cancel, done := startAgent(a)
+	defer cancel()
+	w.waitReady(t, done)
+	if got := w.read(t, "sys/module/nvidia_drm/parameters/modeset"); got != "1\n" {
+		t.Errorf("nvidia_drm modeset = %q, want 1 by default with --load-drm", got)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	w2 := newWorld(t)
+	a2 := w2.agent(t, "--load-drm", "--module-param", "nvidia-drm.modeset=0")
+	cancel2, done2 := startAgent(a2)
+	defer cancel2()
+	w2.waitReady(t, done2)
+	if got := w2.read(t, "sys/module/nvidia_drm/parameters/modeset"); got != "0\n" {
+		t.Errorf("nvidia_drm modeset = %q: the user's value must win", got)
+	}
+	cancel2()
+	<-done2
 }

@@ -254,6 +254,14 @@ func (r *run) applyParams(files []modules.File) error {
 	}
 	set.Merge(&r.cfg.ModuleParams)
 	set.AddDefaults(modparams.Defaults(r.cfg.DriverBranch))
+	if r.cfg.LoadDRM {
+		// nvidia-drm is only loaded on request, and then for a display: modeset=1 unless the user says otherwise.
+		var drm modparams.Set
+		if err := drm.Add("nvidia-drm", modparams.Param{Name: "modeset", Value: "1"}); err != nil {
+			return err
+		}
+		set.AddDefaults(&drm)
+	}
 	for i := range files {
 		name := strings.ReplaceAll(files[i].Image.Name, "_", "-")
 		ps := set.Params(name)
