@@ -217,7 +217,7 @@ func smiCalls(t *testing.T) string {
 func fabricAgent(t *testing.T, w *world) *Agent {
 	t.Helper()
 	a := w.agent(t)
-	a.FabricSettle, a.FabricPoll, a.FabricTimeout = 50*time.Millisecond, 20*time.Millisecond, 2*time.Second
+	a.FabricSettle, a.FabricPoll, a.FabricTimeout = 50*time.Millisecond, 20*time.Millisecond, time.Minute
 	return a
 }
 
@@ -312,15 +312,16 @@ func (f *captureFiles) last(name string) string {
 // so while the agent tears down, Ready is never written and everything is undone.
 func TestFabricFailureIsNotReady(t *testing.T) {
 	cases := []struct {
-		name   string
-		smi    []string
-		want   []string
-		status string
+		name    string
+		smi     []string
+		timeout time.Duration // generous where the test must not depend on the machine's speed
+		want    []string
+		status  string
 	}{
-		{"a GPU reports an error", []string{"h100-in-progress.txt", "h100-insufficient-resources.txt"},
+		{"a GPU reports an error", []string{"h100-in-progress.txt", "h100-insufficient-resources.txt"}, time.Minute,
 			[]string{"the NVSwitch fabric reports a failure although nv-fabricmanager is running", "1 of 2 GPUs: GPU 00000000:2A:00.0: Completed/Insufficient Resources"},
 			`"fabric": "failed"`},
-		{"in progress past the timeout", []string{"h100-not-started.txt", "h100-in-progress.txt"},
+		{"in progress past the timeout", []string{"h100-not-started.txt", "h100-in-progress.txt"}, 300 * time.Millisecond,
 			[]string{"the NVSwitch fabric is still in progress 300ms after nv-fabricmanager came up", "GPU 00000000:2A:00.0: In Progress/N/A"},
 			`"fabric": "in_progress"`},
 	}
@@ -328,7 +329,7 @@ func TestFabricFailureIsNotReady(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			w := nvswitchWorld(t, c.smi...)
 			a := fabricAgent(t, w)
-			a.FabricTimeout = 300 * time.Millisecond
+			a.FabricTimeout = c.timeout
 			var phases []string
 			a.BeforePhase = func(p string) { phases = append(phases, p) }
 			files := &captureFiles{}
