@@ -180,7 +180,7 @@ func (w *world) agent(t *testing.T, extraArgs ...string) *Agent {
 	t.Helper()
 	r := w.roots
 	args := append([]string{"--root", r.Root, "--host-root", r.HostRoot, "--proc", r.Proc, "--sys", r.Sys, "--dev", r.Dev,
-		"--run", r.Run, "--drivers-dir", r.DriversDir, "--shutdown-timeout", "2s", "--daemon-stop-timeout", "200ms",
+		"--run", r.Run, "--drivers-dir", r.DriversDir, "--shutdown-timeout", "2s", "--daemon-stop-timeout", "10s",
 		"--metrics-address", "127.0.0.1:0", "--cache-dir", filepath.Join(t.TempDir(), "cache")}, extraArgs...)
 	cfg, _, err := config.Parse("test", args, []string{"DRIVER_VERSION=" + testVersion, "DRIVER_CONFIG_DIGEST=digest-1", "NODE_NAME=node-a"}, io.Discard)
 	if err != nil {
