@@ -1,7 +1,6 @@
 package hosttest
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -89,96 +88,4 @@ type FakeMknoder struct{}
 // Mknod implements host.Mknoder.
 func (FakeMknoder) Mknod(path string, perm os.FileMode, major, minor uint32) error {
 	return os.WriteFile(path, []byte(fmt.Sprintf("c %d:%d %#o\n", major, minor, perm.Perm())), 0o644)
-}
-
-// FakeExec starts fake processes that run until signalled (or exit at once when told to).
-type FakeExec struct {
-	mu    sync.Mutex
-	procs []*FakeProcess
-	// ExitAtStart makes processes of this path exit immediately with the given error.
-	ExitAtStart map[string]error
-}
-
-// Start implements host.Execer.
-func (e *FakeExec) Start(_ context.Context, c host.Cmd) (host.Process, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	p := &FakeProcess{Cmd: c, pid: 1000 + len(e.procs), done: make(chan struct{})}
-	e.procs = append(e.procs, p)
-	if err, ok := e.ExitAtStart[c.Path]; ok {
-		p.exit(err)
-	}
-	return p, nil
-}
-
-// Processes returns every process started.
-func (e *FakeExec) Processes() []*FakeProcess {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return append([]*FakeProcess(nil), e.procs...)
-}
-
-// FakeProcess is a started fake process.
-type FakeProcess struct {
-	Cmd  host.Cmd
-	pid  int
-	once sync.Once
-	done chan struct{}
-	mu   sync.Mutex
-	sigs []syscall.Signal
-	err  error
-	// IgnoreTERM makes SIGTERM do nothing, so only SIGKILL stops the process.
-	IgnoreTERM bool
-}
-
-// Pid implements host.Process.
-func (p *FakeProcess) Pid() int { return p.pid }
-
-// Signal implements host.Process.
-func (p *FakeProcess) Signal(sig syscall.Signal) error {
-	p.mu.Lock()
-	p.sigs = append(p.sigs, sig)
-	ignore := p.IgnoreTERM && sig == syscall.SIGTERM
-	p.mu.Unlock()
-	if !ignore {
-		p.exit(fmt.Errorf("signal: %s", sig))
-	}
-	return nil
-}
-
-// Wait implements host.Process.
-func (p *FakeProcess) Wait() error {
-	<-p.done
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.err
-}
-
-// Exit ends the process with err, as a crash would.
-func (p *FakeProcess) Exit(err error) { p.exit(err) }
-
-func (p *FakeProcess) exit(err error) {
-	p.once.Do(func() {
-		p.mu.Lock()
-		p.err = err
-		p.mu.Unlock()
-		close(p.done)
-	})
-}
-
-// Signals returns the signals received.
-func (p *FakeProcess) Signals() []syscall.Signal {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return append([]syscall.Signal(nil), p.sigs...)
-}
-
-// Running reports whether the process has not exited.
-func (p *FakeProcess) Running() bool {
-	select {
-	case <-p.done:
-		return false
-	default:
-		return true
-	}
 }

@@ -1,7 +1,7 @@
 // Package hosttest provides fixture trees and stateful fakes of the host seams for tests: a fake
 // kernel that keeps <proc>/modules and <sys>/module/* up to date so the real parsers read the
-// result, a mounter that keeps <proc>/self/mountinfo, a mknoder, and processes that run until
-// signalled.
+// result, a mounter that keeps <proc>/self/mountinfo, a mknoder, and minimal module objects.
+// Daemon tests use real fake processes through pkg/daemon's reaper instead.
 package hosttest
 
 import (
