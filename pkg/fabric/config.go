@@ -8,9 +8,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -18,6 +16,7 @@ import (
 
 	"github.com/driver-agent/driver-agent/pkg/exitcode"
 	"github.com/driver-agent/driver-agent/pkg/host"
+	"github.com/driver-agent/driver-agent/pkg/kernel"
 )
 
 // maxConfigSize bounds the fabricmanager.cfg the agent reads.
@@ -236,7 +235,7 @@ func editConfig(data []byte, overrides map[string]string, warnAppended bool) (Ed
 // atomically to dst through files; src is never changed. A missing src gives a file with only
 // the overrides and the forced settings, and a warning.
 func WriteConfig(files host.Files, src, dst string, overrides map[string]string) (Edited, error) {
-	data, err := readBounded(src)
+	data, err := kernel.ReadLimit(src, maxConfigSize)
 	var missing string
 	if errors.Is(err, fs.ErrNotExist) {
 		missing = fmt.Sprintf("%s does not exist; writing only the overrides and the agent's settings", src)
@@ -259,22 +258,6 @@ func WriteConfig(files host.Files, src, dst string, overrides map[string]string)
 		return Edited{}, fmt.Errorf("fabric manager config: %w", err)
 	}
 	return ed, nil
-}
-
-func readBounded(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxConfigSize+1))
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", path, err)
-	}
-	if len(data) > maxConfigSize {
-		return nil, fmt.Errorf("read %s: larger than %d bytes", path, maxConfigSize)
-	}
-	return data, nil
 }
 
 func sortedKeys(m map[string]string) []string {

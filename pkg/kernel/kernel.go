@@ -20,19 +20,23 @@ import (
 // maxPseudoFile bounds reads of procfs and sysfs files.
 const maxPseudoFile = 4 << 20
 
-// ReadSmall reads at most maxPseudoFile bytes of a pseudo-file.
-func ReadSmall(path string) ([]byte, error) {
+// ReadSmall reads a pseudo-file of at most 4 MiB.
+func ReadSmall(path string) ([]byte, error) { return ReadLimit(path, maxPseudoFile) }
+
+// ReadLimit reads path whole, refusing a file larger than limit bytes without reading more
+// than limit+1 of it.
+func ReadLimit(path string, limit int64) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxPseudoFile+1))
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", path, err)
 	}
-	if len(data) > maxPseudoFile {
-		return nil, fmt.Errorf("read %s: larger than %d bytes", path, maxPseudoFile)
+	if int64(len(data)) > limit {
+		return nil, fmt.Errorf("read %s: larger than %d bytes", path, limit)
 	}
 	return data, nil
 }
