@@ -447,7 +447,7 @@ func (r *run) devicesPhase(context.Context) error {
 	if r.decision.Path == PathHost {
 		return nil
 	}
-	modeset := contains(r.loaded, "nvidia_modeset")
+	modeset := slices.Contains(r.loaded, "nvidia_modeset")
 	if r.cfg.DryRun {
 		if _, err := os.Stat(r.Host.InProc("driver/nvidia")); err != nil {
 			r.notes = append(r.notes, fmt.Sprintf("devices: once the driver is loaded, would create %s/nvidiactl, one /nvidia<N> per GPU (%d found on PCI), nvidia-modeset and nvidia-uvm{,-tools}", r.Host.Dev, len(r.facts.GPUs)))
@@ -464,15 +464,6 @@ func (r *run) devicesPhase(context.Context) error {
 	r.devices = append(r.devices, created...)
 	r.mu.Unlock()
 	return err
-}
-
-func contains(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }
 
 // daemonStartTimeout bounds how long the agent waits for each required daemon to come up.
@@ -656,7 +647,7 @@ func isMountPoint(mountinfo, target string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	return contains(points, target), nil
+	return slices.Contains(points, target), nil
 }
 
 // ParseMountPoints returns the mount point field of each mountinfo line, unescaped.
