@@ -729,3 +729,21 @@ func TestLoadDRMDefaultsModeset(t *testing.T) {
 	cancel2()
 	<-done2
 }
+
+// TestFirmwareOffLeavesThePathAlone: NVreg_EnableGpuFirmware=0 anywhere on a conf line keeps the
+// kernel's firmware search path untouched (the script only saw it alone on a line).
+func TestFirmwareOffLeavesThePathAlone(t *testing.T) {
+	w := newWorld(t)
+	os.WriteFile(w.roots.InDrivers("nvidia.conf"), []byte("NVreg_OpenRmEnableUnsupportedGpus=1 NVreg_EnableGpuFirmware=0\n"), 0o644)
+	w.before = files(hosttest.Snapshot(t, w.dir))
+	cancel, done := startAgent(w.agent(t))
+	defer cancel()
+	w.waitReady(t, done)
+	if got := w.read(t, "sys/module/firmware_class/parameters/path"); got != "\n" {
+		t.Errorf("firmware path = %q, want it untouched", got)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}

@@ -409,7 +409,8 @@ func (r *run) unloadUndo(ctx context.Context) error {
 func (r *run) setFirmwarePath(files []modules.File) error {
 	path := r.Host.InSys("module/firmware_class/parameters/path")
 	for _, f := range files {
-		if f.Image.Name == "nvidia" && hasParam(f.Image.Params, "NVreg_EnableGpuFirmware", "0") {
+		ps, _ := modparams.ParseConf(strings.NewReader(f.Image.Params), "") // rendered by applyParams: valid
+		if f.Image.Name == "nvidia" && ps.Is("NVreg_EnableGpuFirmware", "0") {
 			r.Log.Info("GPU firmware is disabled (NVreg_EnableGpuFirmware=0); leaving the firmware search path alone")
 			return nil
 		}
@@ -432,15 +433,6 @@ func (r *run) setFirmwarePath(files []modules.File) error {
 	}
 	r.push(PhaseLoad, func(context.Context) error { return r.Host.Files.WriteFile(path, cur, 0o644, false) })
 	return nil
-}
-
-func hasParam(params, key, value string) bool {
-	for _, f := range strings.Fields(params) {
-		if k, v, _ := strings.Cut(f, "="); k == key && v == value {
-			return true
-		}
-	}
-	return false
 }
 
 func (r *run) devicesPhase(context.Context) error {
