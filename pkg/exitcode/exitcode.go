@@ -11,18 +11,17 @@ import (
 
 // Failure classes. Wrap them with %w where the failure happens; Code finds them in the chain.
 var (
-	ErrUsage          = errors.New("usage error")
-	ErrConfig         = errors.New("invalid configuration")
-	ErrLockHeld       = errors.New("another instance holds the lock")
-	ErrNoGPU          = errors.New("no NVIDIA GPU found")
-	ErrModuleLoad     = errors.New("kernel module load failed")
-	ErrBuild          = errors.New("kernel module build failed")
-	ErrDownload       = errors.New("download or verification failed")
-	ErrDaemon         = errors.New("daemon failed")
-	ErrInUse          = errors.New("driver in use")
-	ErrNoInstallPath  = errors.New("no install path available")
-	ErrHostDriver     = errors.New("host-managed driver not ready")
-	ErrNotImplemented = errors.New("not implemented yet")
+	ErrUsage         = errors.New("usage error")
+	ErrConfig        = errors.New("invalid configuration")
+	ErrLockHeld      = errors.New("another instance holds the lock")
+	ErrNoGPU         = errors.New("no NVIDIA GPU found")
+	ErrModuleLoad    = errors.New("kernel module load failed")
+	ErrBuild         = errors.New("kernel module build failed")
+	ErrDownload      = errors.New("download or verification failed")
+	ErrDaemon        = errors.New("daemon failed")
+	ErrInUse         = errors.New("driver in use")
+	ErrNoInstallPath = errors.New("no install path available")
+	ErrHostDriver    = errors.New("host-managed driver not ready")
 )
 
 // Entry is one row of the table.
@@ -48,7 +47,6 @@ func Table() []Entry {
 		{10, ErrInUse, "the driver is in use at shutdown: modules left loaded, the holders are logged"},
 		{11, ErrNoInstallPath, "no precompiled package matches, no cached build, and no way to compile"},
 		{12, ErrHostDriver, "the host manages the driver and it is not loaded, or has another version"},
-		{13, ErrNotImplemented, "the chosen install path is not implemented in this build"},
 	}
 }
 
