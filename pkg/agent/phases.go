@@ -171,9 +171,14 @@ func (r *run) prepare(ctx context.Context) error {
 		}
 		return nil
 	}
-	workDir, err := os.MkdirTemp("", "driver-agent-")
+	if r.cfg.WorkDir != "" {
+		if err := os.MkdirAll(r.cfg.WorkDir, 0o700); err != nil {
+			return fmt.Errorf("work dir: %w", err)
+		}
+	}
+	workDir, err := os.MkdirTemp(r.cfg.WorkDir, "driver-agent-")
 	if err != nil {
-		return err
+		return fmt.Errorf("work dir: %w", err)
 	}
 	r.push(PhasePrepare, func(context.Context) error { return os.RemoveAll(workDir) })
 	images, err := r.source().Prepare(ctx, r.decision, workDir)

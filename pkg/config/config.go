@@ -45,6 +45,12 @@ type Config struct {
 	CacheDir             string        // "" means <run>/nvidia/driver-agent/cache
 	CacheMaxEntries      int
 	RequireSigned        bool
+	WorkDir              string   // "" means the system temporary directory
+	KernelBuildTree      string   // a kernel build tree to compile against, tried after the host's
+	FlatcarReleaseURLs   []string // release server URL templates; nil means Flatcar's servers
+	FlatcarSigningKey    string   // armored OpenPGP keyring replacing the embedded Flatcar key
+	InsecureSkipVerify   bool     // use downloads without checking their signed digests
+	CC                   string   // compiler for the module build; "" means the image's cc
 
 	DriverVersion    string
 	DriverBranch     int
@@ -92,6 +98,15 @@ func Options() []Option {
 			}
 			*dst(c) = v
 			return nil
+		}
+	}
+	optionalPath := func(dst func(*Config) *string) func(*Config, string) error {
+		return func(c *Config, v string) error {
+			if v == "" {
+				*dst(c) = ""
+				return nil
+			}
+			return path(dst)(c, v)
 		}
 	}
 	oneOf := func(dst func(*Config) *string, allowed ...string) func(*Config, string) error {
@@ -164,13 +179,7 @@ func Options() []Option {
 			c.PersistencedArgs = strings.Fields(v)
 			return nil
 		}}),
-		ag(Option{Flag: "cache-dir", Usage: "host cache of ready modules (default <run>/nvidia/driver-agent/cache; point it at a hostPath to survive reboots)", set: func(c *Config, v string) error {
-			if v != "" && !strings.HasPrefix(v, "/") {
-				return errors.New("want an absolute path")
-			}
-			c.CacheDir = v
-			return nil
-		}}),
+		ag(Option{Flag: "cache-dir", Usage: "host cache of ready modules (default <run>/nvidia/driver-agent/cache; point it at a hostPath to survive reboots)", set: optionalPath(func(c *Config) *string { return &c.CacheDir })}),
 		ag(Option{Flag: "cache-max-entries", Default: "4", Usage: "cache entries kept, oldest removed first (0 disables the cache)", set: func(c *Config, v string) error {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 0 || n > 1000 {
@@ -180,6 +189,28 @@ func Options() []Option {
 			return nil
 		}}),
 		ag(Option{Flag: "require-signed", Default: "false", Bool: true, Usage: "refuse modules whose stored signature cannot be re-attached", set: boolean(func(c *Config) *bool { return &c.RequireSigned })}),
+		ag(Option{Flag: "work-dir", Usage: "where the compile path extracts the kernel build tree and builds (default: the system temporary directory); needs about 2 GiB", set: optionalPath(func(c *Config) *string { return &c.WorkDir })}),
+		ag(Option{Flag: "kernel-build-tree", Usage: "a kernel build tree (the directory with the kernel's Makefile and .config) to compile against when the host has none", set: optionalPath(func(c *Config) *string { return &c.KernelBuildTree })}),
+		ag(Option{Flag: "flatcar-release-url", Repeat: true, Usage: "release server URL template, repeatable, tried in order; {channel}, {board}, {arch} and {version} are filled in (default: Flatcar's release servers, then its bincache)", set: func(c *Config, v string) error {
+			var urls []string
+			for _, u := range strings.Fields(v) {
+				if !strings.HasPrefix(u, "https://") && !strings.HasPrefix(u, "http://") {
+					return errors.New("want http:// or https:// URLs")
+				}
+				urls = append(urls, u)
+			}
+			c.FlatcarReleaseURLs = urls
+			return nil
+		}}),
+		ag(Option{Flag: "flatcar-signing-key", Usage: "armored OpenPGP public keyring that replaces the embedded Flatcar image signing key", set: optionalPath(func(c *Config) *string { return &c.FlatcarSigningKey })}),
+		ag(Option{Flag: "insecure-skip-verify", Default: "false", Bool: true, Usage: "use downloaded kernel build trees without checking their signed digests (logged as a warning on every use)", set: boolean(func(c *Config) *bool { return &c.InsecureSkipVerify })}),
+		ag(Option{Flag: "cc", Usage: "compiler for the module build, when the image's cc differs from the one that built the kernel", set: func(c *Config, v string) error {
+			if strings.ContainsFunc(v, unicode.IsSpace) {
+				return errors.New("want a compiler name or path without spaces")
+			}
+			c.CC = v
+			return nil
+		}}),
 		ag(Option{Flag: "module-param", Repeat: true, Usage: "module.key=value, repeatable; overrides /drivers/<module>.conf", set: func(c *Config, v string) error {
 			var f modparams.Flag
 			for _, p := range strings.Fields(v) {
