@@ -45,6 +45,8 @@ func newObject(gvk schema.GroupVersionKind) (any, bool) {
 		return &corev1.Namespace{}, true
 	case corev1.SchemeGroupVersion.WithKind("ConfigMap"):
 		return &corev1.ConfigMap{}, true
+	case corev1.SchemeGroupVersion.WithKind("Pod"):
+		return &corev1.Pod{}, true
 	case corev1.SchemeGroupVersion.WithKind("Service"):
 		return &corev1.Service{}, true
 	case appsv1.SchemeGroupVersion.WithKind("DaemonSet"):
@@ -154,7 +156,7 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 		kinds[fmt.Sprintf("%T", o.obj)]++
 	}
 	// images/standalone and images/monitoring: at least these.
-	for _, k := range []string{"*v1.DaemonSet", "*v1.ConfigMap", "*v1.Namespace", "*v1.PodMonitor", "*v1.Service"} {
+	for _, k := range []string{"*v1.DaemonSet", "*v1.ConfigMap", "*v1.Namespace", "*v1.PodMonitor", "*v1.Service", "*v1.Pod"} {
 		if kinds[k] == 0 {
 			t.Errorf("no %s decoded from images/ (found %v)", k, kinds)
 		}
@@ -188,6 +190,30 @@ func TestStrictDecodingRejects(t *testing.T) {
 	var ds appsv1.DaemonSet
 	if err := strictDecode([]byte("apiVersion: apps/v1\nkind: DaemonSet\nspec:\n  template:\n    spec:\n      hostPID: true\n"), &ds); err != nil || !ds.Spec.Template.Spec.HostPID {
 		t.Errorf("a valid document: %v", err)
+	}
+}
+
+// The check pod asks for one GPU and runs once.
+func TestVectorAddPod(t *testing.T) {
+	var found bool
+	for _, o := range decodeAll(t) {
+		pod, ok := o.obj.(*corev1.Pod)
+		if !ok || pod.Name != "cuda-vectoradd" {
+			continue
+		}
+		found = true
+		if pod.Spec.RestartPolicy == corev1.RestartPolicyAlways || pod.Spec.RestartPolicy == "" {
+			t.Errorf("restartPolicy %q: the check would run forever", pod.Spec.RestartPolicy)
+		}
+		if len(pod.Spec.Containers) != 1 {
+			t.Fatalf("%d containers", len(pod.Spec.Containers))
+		}
+		if q := pod.Spec.Containers[0].Resources.Limits["nvidia.com/gpu"]; q.Value() != 1 {
+			t.Errorf("limits nvidia.com/gpu=%v, want 1", q.String())
+		}
+	}
+	if !found {
+		t.Error("no cuda-vectoradd pod in images/")
 	}
 }
 
