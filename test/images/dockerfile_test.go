@@ -608,3 +608,96 @@ esac`
 		})
 	}
 }
+
+// The runfile stage's download step, run with fake curl, sha256sum and .run and /drivers moved
+// into a temporary directory: the right file for each architecture, the checksum checked when
+// given, the extracted tree renamed where the final stage copies from, the .run removed.
+func TestBuildRunfileScript(t *testing.T) {
+	d := parseDockerfile(t, "Dockerfile.build", buildArgs)
+	runfile, env := d.stage(t, "runfile")
+	s := script(runWith(t, runfile, "curl", "-x"))
+	if env["DRIVER_BASE_URL"] != "https://us.download.nvidia.com/tesla" {
+		t.Errorf("DRIVER_BASE_URL=%q", env["DRIVER_BASE_URL"])
+	}
+	tools := map[string]string{
+		// curl -fsSL --retry 3 -o FILE URL
+		"curl":      `echo "$6" > "$5"`,
+		"sha256sum": `cat > /dev/null`,
+		// sh NVIDIA-Linux-<arch>-<version>.run -x
+		"sh": `[ "$2" = -x ] || exit 9; d=$(basename "$1" .run); mkdir -p "$d/kernel" "$d/kernel-open"`,
+	}
+	for _, tool := range []string{"mkdir", "mv", "rm", "tr", "cat", "basename"} {
+		p, err := exec.LookPath(tool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tools[tool] = fmt.Sprintf("exec %s \"$@\"", p)
+	}
+	const sum64 = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	tests := []struct {
+		name, version, arch, sumAMD64 string
+		wantCalls, wantErr            []string
+	}{
+		{name: "amd64 checked", version: "580.159.04", arch: "amd64", sumAMD64: sum64,
+			wantCalls: []string{
+				"curl -fsSL --retry 3 -o NVIDIA-Linux-x86_64-580.159.04.run https://us.download.nvidia.com/tesla/580.159.04/NVIDIA-Linux-x86_64-580.159.04.run",
+				"sha256sum -c -",
+				"sh NVIDIA-Linux-x86_64-580.159.04.run -x",
+				"curl -fsSL --retry 3 -o DRIVERS/cuda-keyring.deb https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64/cuda-keyring_1.1-1_all.deb",
+			}},
+		{name: "arm64 unchecked", version: "595.71.05", arch: "arm64",
+			wantCalls: []string{
+				"curl -fsSL --retry 3 -o NVIDIA-Linux-aarch64-595.71.05.run https://us.download.nvidia.com/tesla/595.71.05/NVIDIA-Linux-aarch64-595.71.05.run",
+				"sh NVIDIA-Linux-aarch64-595.71.05.run -x",
+				"curl -fsSL --retry 3 -o DRIVERS/cuda-keyring.deb https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/sbsa/cuda-keyring_1.1-1_all.deb",
+			},
+			wantErr: []string{"warning: no DRIVER_RUN_SHA256_ARM64 given"}},
+		{name: "no version", arch: "amd64", wantErr: []string{"set --build-arg DRIVER_VERSION"}},
+		{name: "riscv64", version: "580.159.04", arch: "riscv64", wantErr: []string{"unsupported TARGETARCH riscv64"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			drivers := filepath.Join(dir, "drivers")
+			moved := strings.ReplaceAll(s, "/drivers", drivers)
+			log := filepath.Join(dir, "log")
+			bin := fakeTools(t, log, tools)
+			out, err := runScript(t, moved, bin, map[string]string{
+				"DRIVER_VERSION": tt.version, "TARGETARCH": tt.arch, "DRIVER_BASE_URL": env["DRIVER_BASE_URL"],
+				"CUDA_REPO_BASE": env["CUDA_REPO_BASE"], "DRIVER_RUN_SHA256_AMD64": tt.sumAMD64, "DRIVER_RUN_SHA256_ARM64": "",
+			})
+			for _, w := range tt.wantErr {
+				if !strings.Contains(out, w) {
+					t.Errorf("output %q lacks %q", out, w)
+				}
+			}
+			if tt.wantCalls == nil {
+				if err == nil {
+					t.Fatal("succeeded")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			b, _ := os.ReadFile(log)
+			var calls []string
+			for l := range strings.SplitSeq(strings.TrimSpace(string(b)), "\n") {
+				if f := strings.Fields(l); len(f) > 0 && (f[0] == "curl" || f[0] == "sha256sum" || f[0] == "sh") {
+					calls = append(calls, strings.ReplaceAll(l, drivers, "DRIVERS"))
+				}
+			}
+			if !slices.Equal(calls, tt.wantCalls) {
+				t.Errorf("calls\n%s\nwant\n%s", strings.Join(calls, "\n"), strings.Join(tt.wantCalls, "\n"))
+			}
+			entries, _ := os.ReadDir(drivers)
+			var names []string
+			for _, e := range entries {
+				names = append(names, e.Name())
+			}
+			if want := []string{"NVIDIA-Linux", "cuda-keyring.deb"}; !slices.Equal(names, want) {
+				t.Errorf("/drivers holds %q, want %q (the .run removed, the tree where the final stage copies from)", names, want)
+			}
+		})
+	}
+}
