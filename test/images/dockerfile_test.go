@@ -13,6 +13,8 @@ import (
 	"github.com/moby/buildkit/frontend/dockerfile/linter"
 	"github.com/moby/buildkit/frontend/dockerfile/parser"
 	"github.com/moby/buildkit/frontend/dockerfile/shell"
+	"github.com/moby/patternmatcher"
+	"github.com/moby/patternmatcher/ignorefile"
 )
 
 const repo = "../.."
@@ -699,5 +701,47 @@ func TestBuildRunfileScript(t *testing.T) {
 				t.Errorf("/drivers holds %q, want %q (the .run removed, the tree where the final stage copies from)", names, want)
 			}
 		})
+	}
+}
+
+// The build context (.dockerignore) holds exactly what the agent stage builds from: go.mod,
+// go.sum, the Makefile and cmd/ and pkg/ without tests and test data (files the agent embeds
+// are included).
+func TestDockerignore(t *testing.T) {
+	f, err := os.Open(filepath.Join(repo, ".dockerignore"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	patterns, err := ignorefile.ReadAll(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pm, err := patternmatcher.New(patterns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("git", "-C", repo, "ls-files").Output()
+	if err != nil {
+		t.Fatalf("git ls-files: %v (apt-get install -y git)", err)
+	}
+	var in int
+	for _, file := range strings.Fields(string(out)) {
+		excluded, err := pm.MatchesOrParentMatches(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		top := strings.SplitN(file, "/", 2)[0]
+		want := file == "go.mod" || file == "go.sum" || file == "Makefile" ||
+			((top == "cmd" || top == "pkg") && !strings.HasSuffix(file, "_test.go") && !strings.Contains(file, "/testdata/"))
+		if want == excluded {
+			t.Errorf("%s: in the build context %v, want %v", file, !excluded, want)
+		}
+		if !excluded {
+			in++
+		}
+	}
+	if in < 10 {
+		t.Errorf("only %d files in the build context", in)
 	}
 }

@@ -5,6 +5,7 @@ go 1.26.8
 require (
 	github.com/driver-agent/driver-agent v0.0.0-00010101000000-000000000000
 	github.com/moby/buildkit v0.34.2
+	github.com/moby/patternmatcher v0.6.1
 	github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring v0.95.2
 	k8s.io/api v0.37.2
 	k8s.io/apimachinery v0.37.2
