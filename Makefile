@@ -5,9 +5,10 @@ PKG       := github.com/driver-agent/driver-agent
 LDFLAGS   := -s -w -X $(PKG)/pkg/cli.version=$(VERSION)
 BIN       := bin
 STATICCHECK_VERSION := v0.8.2
+ACTIONLINT_VERSION  := v1.7.12
 FUZZTIME  ?= 20s
 
-.PHONY: all build test lint fmt vet staticcheck fuzz vm-test vm-deps deps ci clean
+.PHONY: all build test lint fmt vet staticcheck actionlint images-test images-lint fuzz vm-test vm-deps deps ci clean
 
 all: build
 
@@ -19,7 +20,7 @@ test:
 	$(GO) test -race -shuffle=on -count=1 ./...
 
 fmt:
-	@out=$$(gofmt -l cmd pkg test 2>/dev/null); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	@out=$$(gofmt -l cmd pkg scripts test 2>/dev/null); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
 vet:
 	$(GO) vet ./...
@@ -29,7 +30,19 @@ staticcheck:
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) -tags vmtest ./test/vm/
 
-lint: fmt vet staticcheck
+# The workflows in .github/workflows (with shellcheck on their run: scripts when it is installed)
+actionlint:
+	$(GO) run github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION)
+
+# test/images is its own module (the Dockerfile parser and the Kubernetes API types stay out of
+# the main module): the Dockerfiles, the manifests and Helm values in images/.
+images-test:
+	cd test/images && $(GO) test -count=1 ./...
+
+images-lint:
+	cd test/images && $(GO) vet ./... && $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
+
+lint: fmt vet staticcheck actionlint images-lint
 
 # Short runs of every fuzz target; longer runs: make fuzz FUZZTIME=10m
 fuzz:
@@ -48,7 +61,7 @@ deps:
 vm-deps:
 	bash scripts/vm-deps.sh
 
-ci: deps vm-deps lint test build vm-test
+ci: deps vm-deps lint test images-test build vm-test
 
 clean:
 	rm -rf $(BIN)
