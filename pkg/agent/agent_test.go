@@ -747,3 +747,57 @@ func TestFirmwareOffLeavesThePathAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestGSPFirmwareInstalledBeforeLoad: the image's copy of the GSP firmware reaches
+// <root>/lib/firmware/nvidia/<version> (the host directory the kernel reads) before nvidia loads,
+// and teardown removes what it copied once nvidia is gone.
+func TestGSPFirmwareInstalledBeforeLoad(t *testing.T) {
+	w := newWorld(t)
+	src := w.roots.InRoot(imageFirmwareDir, testVersion)
+	os.MkdirAll(src, 0o755)
+	os.WriteFile(filepath.Join(src, "gsp_ga10x.bin"), bytes.Repeat([]byte{0xa5}, 1<<20), 0o644)
+	os.WriteFile(filepath.Join(src, "gsp_tu10x.bin"), []byte("tu10x"), 0o644)
+	// A file already there with the same size is kept as it is.
+	dst := w.roots.InRoot("lib/firmware/nvidia", testVersion)
+	os.MkdirAll(dst, 0o755)
+	os.WriteFile(filepath.Join(dst, "gsp_tu10x.bin"), []byte("TU10X"), 0o644)
+	w.before = files(hosttest.Snapshot(t, w.dir))
+	var atLoad []string
+	a := w.agent(t)
+	a.Host.Kernel = loadHook{w.kernel, func(name string) {
+		if name == "nvidia" {
+			entries, _ := os.ReadDir(dst)
+			for _, e := range entries {
+				atLoad = append(atLoad, e.Name())
+			}
+		}
+	}}
+	cancel, done := startAgent(a)
+	defer cancel()
+	w.waitReady(t, done)
+	if !slices.Equal(atLoad, []string{"gsp_ga10x.bin", "gsp_tu10x.bin"}) {
+		t.Errorf("firmware when nvidia loaded: %v", atLoad)
+	}
+	if got := w.read(t, "container/lib/firmware/nvidia/"+testVersion+"/gsp_tu10x.bin"); got != "TU10X" {
+		t.Errorf("existing firmware file replaced: %q", got)
+	}
+	if got := w.read(t, "container/lib/firmware/nvidia/"+testVersion+"/gsp_ga10x.bin"); len(got) != 1<<20 {
+		t.Errorf("copied firmware has %d bytes", len(got))
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	w.assertClean(t)
+}
+
+// loadHook calls before ahead of every module load.
+type loadHook struct {
+	*hosttest.FakeKernel
+	before func(name string)
+}
+
+func (k loadHook) LoadModule(m host.ModuleImage) error {
+	k.before(m.Name)
+	return k.FakeKernel.LoadModule(m)
+}

@@ -220,8 +220,13 @@ func (r *run) load(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := r.setFirmwarePath(files); err != nil {
-		return err
+	if firmwareDisabled(files) {
+		r.Log.Info("GPU firmware is disabled (NVreg_EnableGpuFirmware=0); leaving the firmware search path alone")
+	} else {
+		r.setFirmwarePath()
+		if err := r.installFirmware(); err != nil {
+			return fmt.Errorf("%w: %w", exitcode.ErrModuleLoad, err)
+		}
 	}
 	loader := modules.Loader{Host: r.Host, Log: r.Log, Release: r.facts.KernelRelease}
 	if len(prereqs) > 0 {
@@ -409,35 +414,38 @@ func (r *run) unloadUndo(ctx context.Context) error {
 	return errors.Join(devices.Remove(r.Host, r.devices), r.st.ClearDigest())
 }
 
-// setFirmwarePath points the kernel's firmware search path at the shared driver root, unless
-// something is configured there already or the nvidia parameters turn GPU firmware off.
-func (r *run) setFirmwarePath(files []modules.File) error {
-	path := r.Host.InSys("module/firmware_class/parameters/path")
+// firmwareDisabled reports whether the nvidia parameters turn GPU firmware off.
+func firmwareDisabled(files []modules.File) bool {
 	for _, f := range files {
 		ps, _ := modparams.ParseConf(strings.NewReader(f.Image.Params), "") // rendered by applyParams: valid
 		if f.Image.Name == "nvidia" && ps.Is("NVreg_EnableGpuFirmware", "0") {
-			r.Log.Info("GPU firmware is disabled (NVreg_EnableGpuFirmware=0); leaving the firmware search path alone")
-			return nil
+			return true
 		}
 	}
+	return false
+}
+
+// setFirmwarePath points the kernel's firmware search path at the shared driver root, unless
+// something is configured there already. Failures only warn: the modules may not need firmware.
+func (r *run) setFirmwarePath() {
+	path := r.Host.InSys("module/firmware_class/parameters/path")
 	cur, err := os.ReadFile(path)
 	if err != nil {
 		r.Log.Warn("cannot read the firmware search path; not setting it", "path", path, "error", err)
-		return nil
+		return
 	}
 	if v := strings.TrimSpace(string(cur)); v != "" {
 		r.Log.Warn("A search path is already configured; retaining the current configuration", "path", path, "value", v)
-		return nil
+		return
 	}
 	if err := r.Host.Files.WriteFile(path, []byte(firmwareSearchPath), 0o644, false); err != nil {
 		r.Log.Warn("could not set the firmware search path", "path", path, "error", err)
-		return nil
+		return
 	}
 	if len(cur) == 0 {
 		cur = []byte("\n")
 	}
 	r.push(PhaseLoad, func(context.Context) error { return r.Host.Files.WriteFile(path, cur, 0o644, false) })
-	return nil
 }
 
 func (r *run) devicesPhase(context.Context) error {

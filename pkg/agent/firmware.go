@@ -1,0 +1,109 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+// imageFirmwareDir is where the image keeps its copy of the GSP firmware, under the container
+// root: the gpu-operator mounts the host's /run/nvidia/driver/lib/firmware over /lib/firmware,
+// hiding what the image installed there, and the kernel reads that host directory (see
+// firmwareSearchPath) when the nvidia module initialises a GPU, before the root is shared.
+const imageFirmwareDir = "usr/share/driver-agent/firmware/nvidia"
+
+// installFirmware copies the image's GSP firmware for this driver version into
+// <root>/lib/firmware/nvidia/<version> before the modules load. Files already there with the same
+// size are kept. The copies are removed at teardown once nvidia is gone, so a GPU still in use
+// keeps its firmware.
+func (r *run) installFirmware() error {
+	src := r.Host.InRoot(imageFirmwareDir, r.cfg.DriverVersion)
+	entries, err := os.ReadDir(src)
+	if errors.Is(err, fs.ErrNotExist) {
+		r.Log.Debug("the image has no GSP firmware copy", "dir", src)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("GSP firmware: %w", err)
+	}
+	dst := r.Host.InRoot("lib/firmware/nvidia", r.cfg.DriverVersion)
+	var todo []string
+	for _, e := range entries {
+		fi, err := os.Stat(filepath.Join(src, e.Name()))
+		if err != nil || !fi.Mode().IsRegular() {
+			continue
+		}
+		if have, err := os.Stat(filepath.Join(dst, e.Name())); err == nil && have.Size() == fi.Size() {
+			continue
+		}
+		todo = append(todo, e.Name())
+	}
+	if len(todo) == 0 {
+		return nil
+	}
+	if r.cfg.DryRun {
+		r.notes = append(r.notes, fmt.Sprintf("would copy the GSP firmware %v from %s to %s", todo, src, dst))
+		return nil
+	}
+	if err := r.mkdirUndo(dst); err != nil {
+		return fmt.Errorf("GSP firmware: %w", err)
+	}
+	var copied []string
+	r.push(PhaseLoad, func(context.Context) error {
+		if _, err := os.Stat(r.Host.InSys("module/nvidia")); err == nil {
+			r.Log.Info("nvidia is still loaded; leaving its GSP firmware in place", "dir", dst)
+			return nil
+		}
+		var errs []error
+		for _, p := range copied {
+			errs = append(errs, r.Host.Files.Remove(p))
+		}
+		return errors.Join(errs...)
+	})
+	for _, name := range todo {
+		to := filepath.Join(dst, name)
+		if err := copyFile(filepath.Join(src, name), to); err != nil {
+			return fmt.Errorf("GSP firmware: %w", err)
+		}
+		copied = append(copied, to)
+	}
+	r.Log.Info("Installed the GSP firmware", "files", len(copied), "dir", dst)
+	return nil
+}
+
+// copyFile streams src to dst through a temporary file in dst's directory and renames it into
+// place, so the kernel never reads a partial file.
+func copyFile(src, dst string) (err error) {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	tmp, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".tmp-")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	if _, err = io.Copy(tmp, in); err != nil {
+		return fmt.Errorf("copy %s: %w", src, err)
+	}
+	if err = tmp.Chmod(0o644); err != nil {
+		return err
+	}
+	if err = tmp.Sync(); err != nil {
+		return err
+	}
+	if err = tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), dst)
+}
