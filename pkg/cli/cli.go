@@ -1,4 +1,4 @@
-// Package cli is the command line: it picks the subcommand (init, status, version, help), builds
+// Package cli is the command line: it picks the subcommand (init, status, version, help, ...), builds
 // the configuration, the logger and the host, runs the command and returns the exit code. The
 // binary behaves the same whether it is called driver-agent or nvidia-driver.
 package cli
@@ -68,6 +68,8 @@ func Main(ctx context.Context, argv, environ []string, stdout, stderr io.Writer)
 		return help(prog, args, stdout, stderr)
 	case "precompiled":
 		return runPrecompiled(prog, args, stdout, stderr)
+	case "banner":
+		return runBanner(prog, args, stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "%s: unknown command %q\n\n", prog, cmd)
 	usage(stderr, prog)
@@ -85,6 +87,7 @@ Commands:
               the GPUDirect RDMA sidecar's entrypoint and probe (the operator's names)
   version     print the version
   precompiled read, match, pack and unpack NVIDIA precompiled kernel-interface packages
+  banner      print a kernel image's banner (the first line of /proc/version): banner --vmlinuz FILE
   help        this text; "help init" lists every flag, "help exit-codes" the exit codes
 
 "%[1]s --dry-run" is "%[1]s init --dry-run": decide and print the plan without changing anything.

@@ -35,6 +35,8 @@ type group struct {
 	scenarios  []string
 	packages   bool // ship the precompiled packages (made for the banner learned from a boot)
 	compressed bool // ship the prerequisite modules as .ko.xz and .ko.zst
+	bench      bool // ship guest/bench.sh (make vm-bench)
+	benchRuns  int  // VMTEST_BENCH_RUNS
 	timeout    time.Duration
 }
 
@@ -43,9 +45,11 @@ func groups() []group {
 		{name: "kernel", timeout: 3 * time.Minute,
 			scenarios: []string{"raw-load", "raw-holders", "raw-link", "raw-enodev"}},
 		{name: "lifecycle", packages: true, timeout: 6 * time.Minute,
-			scenarios: []string{"banner", "dry-run", "lifecycle", "second-instance", "in-use", "fast-path", "reload-digest"}},
+			scenarios: []string{"banner", "dry-run", "lifecycle", "second-instance", "in-use", "fast-path", "reload-digest", "cache"}},
 		{name: "failures", packages: true, compressed: true, timeout: 5 * time.Minute,
 			scenarios: []string{"compressed-prereqs", "enodev", "sigterm-during-load", "no-match"}},
+		{name: "fabric", packages: true, timeout: 4 * time.Minute,
+			scenarios: []string{"fabric-manager", "fabric-manager-dies"}},
 	}
 }
 
@@ -77,6 +81,7 @@ func TestVM(t *testing.T) {
 	for _, g := range groups() {
 		t.Run(g.name, func(t *testing.T) { h.runGroup(t, g) })
 	}
+	t.Run("vmlinuz-banner", func(t *testing.T) { h.checkVmlinuzBanner(t) })
 	h.timings = append(h.timings, fmt.Sprintf("total %s", since(start)))
 	t.Logf("timings:\n  %s", strings.Join(h.timings, "\n  "))
 }
@@ -291,6 +296,13 @@ func (h *harness) initramfs(g group, file string) (int64, error) {
 	r.file("vmtest/lib.sh", 0o644, filepath.Join(guest, "lib.sh"))
 	r.file("vmtest/scenarios.sh", 0o644, filepath.Join(guest, "scenarios.sh"))
 	r.file("usr/bin/nvidia-persistenced", 0o755, filepath.Join(guest, "nvidia-persistenced"))
+	r.file("usr/bin/nv-fabricmanager", 0o755, filepath.Join(guest, "nv-fabricmanager"))
+	r.file("usr/bin/nvidia-smi", 0o755, filepath.Join(guest, "nvidia-smi"))
+	r.file("usr/share/nvidia/nvswitch/fabricmanager.cfg", 0o644, filepath.Join(guest, "fabricmanager.cfg"))
+	r.file("vmtest/fabricmanager.cfg", 0o644, filepath.Join(guest, "fabricmanager.cfg"))
+	if g.bench {
+		r.file("vmtest/bench.sh", 0o644, filepath.Join(guest, "bench.sh"))
+	}
 	mode := persistencedMode
 	if m := os.Getenv("DRIVER_AGENT_VM_PERSISTENCED"); m != "" {
 		mode = m
@@ -298,8 +310,8 @@ func (h *harness) initramfs(g group, file string) (int64, error) {
 	r.bytes("vmtest/persistenced-mode", 0o644, []byte(mode+"\n"))
 	r.file("drivers/nvidia.conf", 0o644, filepath.Join(guest, "nvidia.conf"))
 	r.file("etc/os-release", 0o644, filepath.Join(guest, "os-release"))
-	r.bytes("vmtest/config", 0o644, []byte(fmt.Sprintf("VMTEST_DRIVER_VERSION=%s\nVMTEST_KERNEL_RELEASE=%s\nVMTEST_SCENARIOS=%q\n",
-		driverVersion, h.tl.abi, strings.Join(g.scenarios, " "))))
+	r.bytes("vmtest/config", 0o644, []byte(fmt.Sprintf("VMTEST_DRIVER_VERSION=%s\nVMTEST_KERNEL_RELEASE=%s\nVMTEST_SCENARIOS=%q\nVMTEST_BENCH_RUNS=%d\n",
+		driverVersion, h.tl.abi, strings.Join(g.scenarios, " "), g.benchRuns)))
 
 	r.file("usr/local/bin/driver-agent", 0o755, h.agent)
 	r.symlink("usr/local/bin/nvidia-driver", "driver-agent")
@@ -309,7 +321,7 @@ func (h *harness) initramfs(g group, file string) (int64, error) {
 	r.symlink("usr/bin/ld", filepath.Base(h.tl.ld))
 
 	std := h.standins["standard"]
-	for _, m := range []string{"nvidia.ko", "nvidia-uvm.ko", "nvidia-modeset.ko"} {
+	for _, m := range []string{"nvidia.ko", "nvidia-uvm.ko", "nvidia-modeset.ko", "nvswitch-standin.ko"} {
 		r.file("vmtest/ko/standard/"+m, 0o644, std.path(m))
 	}
 	r.file("vmtest/ko/enodev/nvidia.ko", 0o644, h.standins["enodev"].path("nvidia.ko"))

@@ -20,6 +20,11 @@ PERSISTENCED_PIDFILE=/var/run/nvidia-persistenced/nvidia-persistenced.pid
 FIRMWARE_PATH=/sys/module/firmware_class/parameters/path
 FIRMWARE_WANT=/run/nvidia/driver/lib/firmware
 AGENT_CACHE=/run/nvidia/driver-agent/cache
+FM_STATE=/tmp/vmtest-fm
+FM_CONFIG_SHIPPED=/usr/share/nvidia/nvswitch/fabricmanager.cfg
+FM_CONFIG_AGENT=/run/nvidia/driver-agent/fabricmanager.cfg
+TERMINATION_LOG=/dev/termination-log
+METRICS=http://127.0.0.1:9402/metrics
 SHUTDOWN_TIMEOUT_S=15
 # The environment the gpu-operator would give the container, minus the digest.
 AGENT_ENV="DRIVER_VERSION=$VMTEST_DRIVER_VERSION KERNEL_MODULE_TYPE=proprietary NODE_NAME=vmtest
@@ -101,15 +106,16 @@ check_chr() {
 uvm_major() { awk '$2 == "nvidia-uvm" { print $1 }' /proc/devices; }
 
 # agent_start LOG DIGEST [ARGS...]: starts `driver-agent init` in the background with the
-# operator's environment and DRIVER_CONFIG_DIGEST=DIGEST (none when DIGEST is -); sets AGENT_PID.
+# operator's environment, AGENT_EXTRA_ENV (a scenario's additions, reset after each scenario) and
+# DRIVER_CONFIG_DIGEST=DIGEST (none when DIGEST is -); sets AGENT_PID.
 agent_start() {
 	local log=$1 digest=$2
 	shift 2
 	keep_log "$log"
 	if [ "$digest" = - ]; then
-		env $AGENT_ENV driver-agent init "$@" >"$log" 2>&1 &
+		env $AGENT_ENV $AGENT_EXTRA_ENV driver-agent init "$@" >"$log" 2>&1 &
 	else
-		env $AGENT_ENV DRIVER_CONFIG_DIGEST="$digest" driver-agent init "$@" >"$log" 2>&1 &
+		env $AGENT_ENV $AGENT_EXTRA_ENV DRIVER_CONFIG_DIGEST="$digest" driver-agent init "$@" >"$log" 2>&1 &
 	fi
 	AGENT_PID=$!
 }
@@ -182,6 +188,11 @@ start_ready() {
 	return 0
 }
 
+# phase_ms: the agent's phases and how long each took, from status.json: "detect:12,decide:30,...".
+phase_ms() {
+	awk -F'[": ,]+' '$2 == "name" { n = $3 } $2 == "durationNanoseconds" { printf "%s%s:%d", sep, n, $3 / 1000000; sep = "," }' "$STATUS_JSON" 2>/dev/null
+}
+
 # last_error LOG: the last error-level line of an agent log, shortened.
 last_error() {
 	grep -E 'level=ERROR|"level":"ERROR"' "$1" | tail -n1 | cut -c1-400
@@ -244,6 +255,10 @@ cleanup() {
 	done
 	[ -n "$HOLDER_PID" ] && kill -KILL "$HOLDER_PID" 2>/dev/null && what="$what holder:$HOLDER_PID"
 	HOLDER_PID=
+	p=$(cat "$FM_STATE/pid" 2>/dev/null)
+	alive "$p" && kill -KILL "$p" 2>/dev/null && what="$what fabricmanager:$p"
+	rm -rf "$FM_STATE" "$TERMINATION_LOG" /usr/local/bin/ld /tmp/ld-calls
+	AGENT_EXTRA_ENV=
 	persistenced_running && what="$what persistenced" && kill_persistenced
 	for i in 1 2 3 4 5; do
 		mounted_under "$DRIVER_ROOT" || break
@@ -261,6 +276,7 @@ cleanup() {
 	[ -e /run/nvidia ] && rm -rf /run/nvidia
 	[ -n "$(firmware_path)" ] && echo >"$FIRMWARE_PATH" && what="$what firmware-path"
 	rm -rf "$AGENT_CACHE"
+	ls -d /tmp/driver-agent-* >/dev/null 2>&1 && what="$what workdirs" && rm -rf /tmp/driver-agent-*
 	[ -d /vmtest/packages/standard ] && use_package standard
 	[ -n "$what" ] && echo "VMTEST-CLEANUP $1:$what"
 }

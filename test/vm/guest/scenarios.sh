@@ -113,7 +113,8 @@ scn_dry_run() {
 scn_lifecycle() {
 	local log=/tmp/lifecycle.log major pid
 	start_ready "$log" vmtest-a || return
-	note "ready ${AGENT_READY_MS}ms"
+	wait_until 5 grep -q '"phase": "wait"' "$STATUS_JSON"
+	note "ready ${AGENT_READY_MS}ms ($(phase_ms))"
 	for m in nvidia nvidia_uvm nvidia_modeset; do
 		mod_loaded "$m" || fail "$m not loaded"
 	done
@@ -318,3 +319,174 @@ scn_no_match() {
 	check_eq "exit code" "$AGENT_RC" 11
 	check_clean
 }
+
+# ---- the module cache ----
+
+# ld_counter: an `ld` first in PATH that logs each call to /tmp/ld-calls and runs the real one.
+ld_counter() {
+	printf '#!/bin/sh\necho "$*" >>/tmp/ld-calls\nexec /usr/bin/ld "$@"\n' >/usr/local/bin/ld
+	chmod 755 /usr/local/bin/ld
+	: >/tmp/ld-calls
+}
+ld_calls() { wc -l </tmp/ld-calls | tr -d ' '; }
+link_dirs() { ls -d /tmp/driver-agent-*/link 2>/dev/null | tr '\n' ' '; } # the agent's work dirs
+cache_sums() { find "$AGENT_CACHE" -type f -name '*.ko' 2>/dev/null | sort | xargs -r md5sum; }
+
+# cache: the first start links the precompiled package (ld runs) and keeps the linked modules in
+# the cache; after a clean stop the second start loads them from the cache: path=cached, no ld
+# call, no link work directory, the cached files unchanged.
+scn_cache() {
+	local log1=/tmp/cache-1.log log2=/tmp/cache-2.log sums dirs
+	ld_counter
+	start_ready "$log1" vmtest-a || return
+	grep -q 'path=precompiled' "$log1" || fail "first start: not the precompiled path: $(grep -m1 'install path chosen' "$log1")"
+	grep -q 'Relinking NVIDIA driver kernel modules' "$log1" || fail "first start: no 'Relinking' line"
+	[ "$(ld_calls)" -ge 1 ] || fail "first start: ld never ran"
+	note "first start: ready ${AGENT_READY_MS}ms, $(ld_calls) ld calls"
+	grep -q '"installPath": *"precompiled"' "$STATUS_JSON" || fail "first start: $STATUS_JSON does not say installPath precompiled"
+	sums=$(cache_sums)
+	[ -n "$sums" ] || fail "no module in $AGENT_CACHE after the first start"
+	agent_stop TERM $((SHUTDOWN_TIMEOUT_S + 10))
+	check_eq "first stop exit code" "$AGENT_RC" 0
+	[ -z "$(nv_modules)" ] || fail "first stop left $(nv_modules) loaded"
+	check_eq "cached modules after the first stop" "$(cache_sums)" "$sums"
+
+	: >/tmp/ld-calls
+	dirs=$(link_dirs)
+	start_ready "$log2" vmtest-a || return
+	note "second start: ready ${AGENT_READY_MS}ms"
+	grep -q 'path=cached' "$log2" || fail "second start: not the cached path: $(grep -m1 'install path chosen' "$log2")"
+	grep -q 'Relinking' "$log2" && fail "second start: linked again"
+	check_eq "ld calls on the second start" "$(ld_calls)" 0
+	check_eq "link work directories after the second start" "$(link_dirs)" "$dirs"
+	grep -q '"installPath": *"cached"' "$STATUS_JSON" || fail "second start: $STATUS_JSON does not say installPath cached"
+	for m in nvidia nvidia_uvm nvidia_modeset; do
+		mod_loaded "$m" || fail "second start: $m not loaded"
+	done
+	check_eq "second start: nvidia version" "$(readv /sys/module/nvidia/version)" "$VMTEST_DRIVER_VERSION"
+	check_chr /dev/nvidia0 195 0
+	check_eq "cached modules after the second start" "$(cache_sums)" "$sums"
+	agent_stop TERM $((SHUTDOWN_TIMEOUT_S + 10))
+	check_eq "second stop exit code" "$AGENT_RC" 0
+	check_clean
+}
+
+# ---- NVSwitch nodes: fabric manager ----
+
+# The overrides the fabric scenarios pass: one edits a line in place, one is ignored (the agent
+# forces DAEMONIZE=0), one is not in the file and is appended.
+FM_ENV="NVFM_CONFIG_FM_STAY_RESIDENT_ON_FAILURES=1 NVFM_CONFIG_DAEMONIZE=1 NVFM_CONFIG_FM_CMD_PORT_NUMBER=16001"
+
+# nvswitch_on: loads the NVSwitch stand-in, so /proc/driver/nvidia-nvswitch/devices lists two.
+nvswitch_on() {
+	if ! insmod "$KO/standard/nvswitch-standin.ko"; then
+		fail "insmod nvswitch-standin.ko failed"
+		return 1
+	fi
+	check_eq "NVSwitches in /proc/driver/nvidia-nvswitch/devices" "$(ls /proc/driver/nvidia-nvswitch/devices | tr '\n' ' ')" "0000:c1:00.0 0000:c2:00.0 "
+}
+nvswitch_off() { rmmod nvswitch_standin || fail "rmmod nvswitch_standin failed"; }
+
+# fm_setting KEY: the KEY= line of the configuration fabric manager was given, or <none>.
+fm_setting() { grep "^$1=" "$FM_STATE/config" 2>/dev/null || echo "<none>"; }
+# line_of FILE KEY: the line number of KEY= in FILE.
+line_of() { grep -n "^$2=" "$1" | cut -d: -f1; }
+fm_pid() { cat "$FM_STATE/pid" 2>/dev/null; }
+fm_starts() { cat "$FM_STATE/starts" 2>/dev/null || echo 0; }
+# daemon_json NAME FIELD: FIELD of daemon NAME in status.json (its fields are one per line).
+daemon_json() {
+	awk -v n="\"$1\"," -v f="\"$2\":" '$1 == "\"name\":" { in_ = ($2 == n) } in_ && $1 == f { gsub(/[",]/, "", $2); print $2; exit }' "$STATUS_JSON" 2>/dev/null
+}
+metric() { wget -q -O - "$METRICS" 2>/dev/null | grep "^$1 " | awk '{ print $2 }'; }
+
+# fabric-manager: on a node with NVSwitches the agent starts nv-fabricmanager (a stand-in) with
+# its own copy of fabricmanager.cfg: the overrides applied in place, DAEMONIZE=0 and the log on
+# stderr forced, everything else kept; it supervises it as a child, reads the fabric state
+# (nvidia-smi stand-in: Completed), gets Ready, and on SIGTERM stops it and removes the copy.
+scn_fabric_manager() {
+	local log=/tmp/fabric.log fm k
+	nvswitch_on || return
+	AGENT_EXTRA_ENV=$FM_ENV
+	if ! start_ready "$log" vmtest-a; then
+		nvswitch_off
+		return
+	fi
+	wait_until 5 grep -q '"phase": "wait"' "$STATUS_JSON"
+	note "ready ${AGENT_READY_MS}ms ($(phase_ms))"
+	grep -q 'Detected NVSwitch system' "$log" || fail "no 'Detected NVSwitch system' in the log"
+	grep -q 'Starting NVIDIA fabric manager daemon' "$log" || fail "no 'Starting NVIDIA fabric manager daemon' in the log"
+	check_eq "nv-fabricmanager arguments" "$(readv "$FM_STATE/args")" "-c $FM_CONFIG_AGENT"
+	check_eq "nv-fabricmanager starts" "$(fm_starts)" 1
+	fm=$(fm_pid)
+	alive "$fm" || fail "nv-fabricmanager (pid '$fm') is not running"
+	check_eq "nv-fabricmanager's parent" "$(awk '{ print $4 }' "/proc/$fm/stat" 2>/dev/null)" "$AGENT_PID"
+	check_eq "DAEMONIZE given to fabric manager" "$(fm_setting DAEMONIZE)" "DAEMONIZE=0"
+	check_eq "LOG_FILE_NAME given to fabric manager" "$(fm_setting LOG_FILE_NAME)" "LOG_FILE_NAME="
+	check_eq "LOG_USE_SYSLOG given to fabric manager" "$(fm_setting LOG_USE_SYSLOG)" "LOG_USE_SYSLOG=0"
+	check_eq "FM_STAY_RESIDENT_ON_FAILURES (override)" "$(fm_setting FM_STAY_RESIDENT_ON_FAILURES)" "FM_STAY_RESIDENT_ON_FAILURES=1"
+	check_eq "FM_CMD_PORT_NUMBER (appended override)" "$(fm_setting FM_CMD_PORT_NUMBER)" "FM_CMD_PORT_NUMBER=16001"
+	check_eq "FABRIC_MODE (kept)" "$(fm_setting FABRIC_MODE)" "FABRIC_MODE=0"
+	check_eq "BIND_INTERFACE_IP (kept)" "$(fm_setting BIND_INTERFACE_IP)" "BIND_INTERFACE_IP=127.0.0.1"
+	grep -q '^# Run as a daemon$' "$FM_STATE/config" || fail "the comments of fabricmanager.cfg were not kept"
+	for k in LOG_FILE_NAME FABRIC_MODE DAEMONIZE LOG_USE_SYSLOG FM_STAY_RESIDENT_ON_FAILURES; do
+		check_eq "line of $k (edited in place)" "$(line_of "$FM_STATE/config" "$k")" "$(line_of "$FM_CONFIG_SHIPPED" "$k")"
+	done
+	cmp -s /vmtest/fabricmanager.cfg "$FM_CONFIG_SHIPPED" || fail "the shipped $FM_CONFIG_SHIPPED was changed"
+	grep -q 'NVFM_CONFIG_DAEMONIZE=1 ignored' "$log" || fail "no warning that NVFM_CONFIG_DAEMONIZE=1 is ignored"
+	grep -q 'FM_CMD_PORT_NUMBER is not in fabricmanager.cfg' "$log" || fail "no warning that FM_CMD_PORT_NUMBER was appended"
+	grep 'daemon=nv-fabricmanager' "$log" | grep -q 'running as pid' || fail "fabric manager's output is not in the agent's log"
+	check_eq "status.json fabric" "$(awk -F'"' '$2 == "fabric" { print $4 }' "$STATUS_JSON")" completed
+	check_eq "status.json nv-fabricmanager state" "$(daemon_json nv-fabricmanager state)" up
+	check_eq "driver_agent_daemon_up{nv-fabricmanager}" "$(metric 'driver_agent_daemon_up{daemon="nv-fabricmanager"}')" 1
+	check_eq "driver_agent_fabric_state{completed}" "$(metric 'driver_agent_fabric_state{state="completed"}')" 1
+	persistenced_running || fail "nvidia-persistenced stand-in is not running"
+
+	agent_stop TERM $((SHUTDOWN_TIMEOUT_S + 10))
+	check_eq "exit code after SIGTERM" "$AGENT_RC" 0
+	[ -e "$FM_STATE/terminated" ] || fail "nv-fabricmanager did not get SIGTERM"
+	alive "$fm" && fail "nv-fabricmanager still running"
+	[ -e "$FM_CONFIG_AGENT" ] && fail "$FM_CONFIG_AGENT left after the stop"
+	nvswitch_off
+	check_clean
+}
+
+# fabric-manager-dies: fabric manager dies after the agent got Ready and keeps dying when it is
+# restarted. While it is restarted the metrics say it is down and count the restarts; after the
+# last restart the agent gives up: not Ready, exit code 9 (a required daemon failed), the log and
+# the termination log name nv-fabricmanager and the reason it printed, and the node is cleaned up.
+scn_fabric_manager_dies() {
+	local log=/tmp/fabric-dies.log fm t0 reason="lost the NVSwitch fabric (VM-test fault)" up restarts
+	nvswitch_on || return
+	: >"$TERMINATION_LOG"
+	AGENT_EXTRA_ENV=$FM_ENV
+	if ! start_ready "$log" vmtest-a; then
+		nvswitch_off
+		return
+	fi
+	fm=$(fm_pid)
+	t0=$(now_ms)
+	echo "$reason" >"$FM_STATE/die"
+	wait_until 10 pid_gone "$fm" || fail "nv-fabricmanager (pid $fm) did not die"
+	if wait_until 20 fm_restarted; then
+		up=$(metric 'driver_agent_daemon_up{daemon="nv-fabricmanager"}')
+		restarts=$(metric 'driver_agent_daemon_restarts_total{daemon="nv-fabricmanager"}')
+		check_eq "driver_agent_daemon_up{nv-fabricmanager} while it is restarted" "$up" 0
+		[ "${restarts:-0}" -ge 1 ] 2>/dev/null || fail "driver_agent_daemon_restarts_total{nv-fabricmanager} is '$restarts' while it is restarted"
+		note "while restarting: status.json says nv-fabricmanager is '$(daemon_json nv-fabricmanager state)', Ready file '$(readv "$STATUS")'"
+	else
+		fail "nv-fabricmanager was not restarted (starts: $(fm_starts))"
+	fi
+	agent_wait_exit 120
+	note "gave up after $(($(now_ms) - t0))ms and $(fm_starts) starts"
+	check_eq "exit code after fabric manager failed for good" "$AGENT_RC" 9
+	ready && fail "$STATUS still says Ready"
+	grep 'failed for good' "$log" | grep -q 'nv-fabricmanager' || fail "the log has no 'failed for good' line for nv-fabricmanager"
+	grep 'failed for good' "$log" | grep -q "$reason" || fail "the log's 'failed for good' line does not give fabric manager's last words"
+	grep -q "driver-agent exit 9: .*nv-fabricmanager.*$reason" "$TERMINATION_LOG" || fail "$TERMINATION_LOG: '$(readv "$TERMINATION_LOG" | cut -c1-300)'"
+	check_eq "nv-fabricmanager starts (1 + 5 restarts)" "$(fm_starts)" 6
+	[ -e "$FM_CONFIG_AGENT" ] && fail "$FM_CONFIG_AGENT left after the failure"
+	nvswitch_off
+	check_clean
+}
+
+fm_restarted() { [ "$(fm_starts)" -ge 2 ]; }

@@ -1,0 +1,189 @@
+//go:build vmtest && vmbench
+
+package vm
+
+import (
+	"fmt"
+	"os"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestVMBench prints the figures of `make vm-bench`; it is a measurement, not a test: it fails
+// only when the bench boot does not complete, never on a time. One boot runs guest/bench.sh's
+// "bench" scenario: VMTEST_BENCH_RUNS (DRIVER_AGENT_VM_BENCH_RUNS, default 7) rounds of the
+// agent's precompiled path (empty cache, so it links), the same from the cache, and busybox
+// scripts doing only the same insmods and mknods (script-min), and also the link, firmware path,
+// daemon and mount (script-full).
+func TestVMBench(t *testing.T) {
+	tl, err := findTools()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := setup(t, tl)
+	h.kernelBanner(t)
+	runs := 7
+	if v := os.Getenv("DRIVER_AGENT_VM_BENCH_RUNS"); v != "" {
+		if runs, err = strconv.Atoi(v); err != nil || runs < 1 {
+			t.Fatalf("DRIVER_AGENT_VM_BENCH_RUNS=%q: want a positive number", v)
+		}
+	}
+	g := group{name: "bench", packages: true, bench: true, benchRuns: runs, scenarios: []string{"bench"}, timeout: 15 * time.Minute}
+	res := h.boot(t, g)
+	results, _, _, ended := parse(res.lines)
+	r, ok := results["bench"]
+	if res.err != nil || !ended || !ok || !r.pass {
+		t.Fatalf("the bench boot failed (%v, ended %v, result %+v); console:\n%s", res.err, ended, r, res.log())
+	}
+	recs := parseBench(res.lines)
+	if len(recs) == 0 {
+		t.Fatalf("no VMTEST-BENCH lines; console:\n%s", res.log())
+	}
+	fmt.Fprint(os.Stdout, benchReport(recs, runs, r.details))
+}
+
+var benchLine = regexp.MustCompile(`VMTEST-BENCH (.*)$`)
+
+// benchRecord is one VMTEST-BENCH line: kind, run and the numeric fields; phases separately.
+type benchRecord struct {
+	kind   string
+	values map[string]float64
+	phases map[string]float64
+	order  []string // phase names in order
+}
+
+func parseBench(lines []consoleLine) []benchRecord {
+	var out []benchRecord
+	for _, l := range lines {
+		m := benchLine.FindStringSubmatch(l.text)
+		if m == nil {
+			continue
+		}
+		rec := benchRecord{values: map[string]float64{}, phases: map[string]float64{}}
+		for _, f := range strings.Fields(m[1]) {
+			k, v, _ := strings.Cut(f, "=")
+			switch k {
+			case "kind":
+				rec.kind = v
+			case "phases":
+				for _, p := range strings.Split(v, ",") {
+					name, ms, _ := strings.Cut(p, ":")
+					if n, err := strconv.ParseFloat(ms, 64); err == nil && name != "" {
+						rec.phases[name] = n
+						rec.order = append(rec.order, name)
+					}
+				}
+			default:
+				if n, err := strconv.ParseFloat(v, 64); err == nil {
+					rec.values[k] = n
+				}
+			}
+		}
+		out = append(out, rec)
+	}
+	return out
+}
+
+// stats are the median, mean, min and max of a set of values.
+type stats struct{ median, mean, min, max float64 }
+
+func summarize(v []float64) stats {
+	if len(v) == 0 {
+		return stats{}
+	}
+	s := slices.Clone(v)
+	sort.Float64s(s)
+	var sum float64
+	for _, x := range s {
+		sum += x
+	}
+	med := s[len(s)/2]
+	if len(s)%2 == 0 {
+		med = (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	return stats{median: med, mean: sum / float64(len(s)), min: s[0], max: s[len(s)-1]}
+}
+
+func (s stats) String() string {
+	return fmt.Sprintf("median %8.1f  mean %8.1f  min %8.1f  max %8.1f", s.median, s.mean, s.min, s.max)
+}
+
+// benchReport renders the figures: per kind the time to Ready and the teardown, the agent's
+// peak RSS and phases, and the ratios and overheads against the scripts (medians).
+func benchReport(recs []benchRecord, runs int, notes string) string {
+	field := func(kind, key string) []float64 {
+		var v []float64
+		for _, r := range recs {
+			if x, ok := r.values[key]; r.kind == kind && ok {
+				v = append(v, x)
+			}
+		}
+		return v
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "\nvm-bench: %d runs of each, in one boot (qemu TCG, 1 vCPU); milliseconds unless noted\n%s\n\n", runs, notes)
+	kinds := []string{"precompiled", "cached", "script-min", "script-full"}
+	for _, k := range kinds {
+		fmt.Fprintf(&b, "%-12s start to Ready   %s  (n=%d)\n", k, summarize(field(k, "ready_ms")), len(field(k, "ready_ms")))
+		if a := field(k, "agent_ms"); len(a) > 0 {
+			fmt.Fprintf(&b, "%-12s   by its own log %s\n", "", summarize(a))
+		}
+		if l := field(k, "link_ms"); len(l) > 0 {
+			fmt.Fprintf(&b, "%-12s   of which ld    %s\n", "", summarize(l))
+		}
+		fmt.Fprintf(&b, "%-12s teardown        %s\n", "", summarize(field(k, "teardown_ms")))
+		if hwm := field(k, "hwm_kb"); len(hwm) > 0 {
+			m := summarize(hwm)
+			fmt.Fprintf(&b, "%-12s peak RSS (VmHWM) max %.1f MiB, median %.1f MiB (VmRSS at Ready median %.1f MiB)\n", "",
+				m.max/1024, m.median/1024, summarize(field(k, "rss_kb")).median/1024)
+		}
+	}
+	med := func(kind, key string) float64 { return summarize(field(kind, key)).median }
+	fmt.Fprintf(&b, "\nratios of medians (start to Ready; target: agent within 1.5x of script-min, overhead < 100 ms):\n")
+	for _, k := range []string{"precompiled", "cached"} {
+		for _, s := range []string{"script-min", "script-full"} {
+			a, base := med(k, "ready_ms"), med(s, "ready_ms")
+			if base > 0 {
+				fmt.Fprintf(&b, "  %-12s / %-12s %5.2fx  (agent overhead %+8.1f ms)\n", k, s, a/base, a-base)
+			}
+		}
+	}
+	fmt.Fprintf(&b, "teardown ratios of medians:\n")
+	for _, k := range []string{"precompiled", "cached"} {
+		for _, s := range []string{"script-min", "script-full"} {
+			a, base := med(k, "teardown_ms"), med(s, "teardown_ms")
+			if base > 0 {
+				fmt.Fprintf(&b, "  %-12s / %-12s %5.2fx  (%+8.1f ms)\n", k, s, a/base, a-base)
+			}
+		}
+	}
+	for _, k := range []string{"precompiled", "cached"} {
+		var order []string
+		all := map[string][]float64{}
+		for _, r := range recs {
+			if r.kind != k {
+				continue
+			}
+			for _, p := range r.order {
+				if _, seen := all[p]; !seen {
+					order = append(order, p)
+				}
+				all[p] = append(all[p], r.phases[p])
+			}
+		}
+		if len(order) == 0 {
+			continue
+		}
+		fmt.Fprintf(&b, "%s phases (status.json, median ms):", k)
+		for _, p := range order {
+			fmt.Fprintf(&b, " %s %.0f", p, summarize(all[p]).median)
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}

@@ -1,0 +1,207 @@
+# Figures for `make vm-bench` (busybox ash, sourced by /init in the bench boot only). The
+# scenario "bench" measures, VMTEST_BENCH_RUNS times in the same boot and interleaved:
+#   precompiled  `driver-agent init` from start to Ready with an empty module cache (it links the
+#                package with ld), its peak RSS (VmHWM), its phases, and SIGTERM to exit;
+#   cached       the same with the modules in the cache from the run before (no link);
+#   script-min   a busybox script doing only the agent's insmod calls (same files, same
+#                parameters, same order) and mknods, then rmmod and rm;
+#   script-full  the same plus what the agent also does on this path: ld -d -r of both interface
+#                objects, the firmware path, the nvidia-persistenced stand-in, the rbind mount.
+# Each run prints one line for the harness to turn into figures; nothing here is a pass/fail
+# check on time (the scenario fails only when a run does not reach its end state):
+#   VMTEST-BENCH kind=<kind> run=<n> ready_ms=<ms> teardown_ms=<ms> [agent_ms=<ms> hwm_kb=<kb>
+#                rss_kb=<kb> rc=<rc> phases=<name>:<ms>,...] [link_ms=<ms> (script-full)]
+
+# ns_now sets NS to CLOCK_MONOTONIC in nanoseconds, without starting a process.
+ns_now() {
+	local a b c
+	{
+		read -r a
+		read -r b
+		read -r c
+	} </proc/timer_list
+	c=${c#now at }
+	NS=${c% nsecs}
+}
+
+# fmt_ms NS: nanoseconds as milliseconds with two decimals.
+fmt_ms() { printf '%d.%02d' $(($1 / 1000000)) $(($1 / 10000 % 100)); }
+
+# pause SECONDS: sleeps without starting a process (read with a timeout on a FIFO nobody writes).
+pause() { read -r -t "$1" -u 9 _; }
+
+BENCH_KO=/tmp/bench-ko
+BENCH_LINK=/tmp/bench-link
+
+# bench_setup: the FIFO for pause, and the prerequisite modules the agent loads, in modules.dep
+# order (dependencies first), as BENCH_PREREQS (paths).
+bench_setup() {
+	rm -f /tmp/bench-fifo
+	mkfifo /tmp/bench-fifo
+	exec 9<>/tmp/bench-fifo
+	NVIDIA_PARAMS=$(tr '\n' ' ' </drivers/nvidia.conf)
+}
+
+# bench_learn_prereqs BEFORE AFTER: the modules an agent loaded besides NVIDIA's (AFTER minus
+# BEFORE, module lists), as insmod paths in modules.dep order.
+bench_learn_prereqs() {
+	local new=" $2 " line path name
+	BENCH_PREREQS=
+	while IFS= read -r line; do
+		path=${line%%:*}
+		name=${path##*/}
+		name=${name%%.ko*}
+		name=$(echo "$name" | tr - _)
+		case " $1 " in *" $name "*) continue ;; esac
+		case "$new" in *" $name "*) BENCH_PREREQS="$BENCH_PREREQS /lib/modules/$KVER/$path" ;; esac
+	done <"/lib/modules/$KVER/modules.dep"
+}
+
+# bench_agent KIND RUN: one agent run; prints its VMTEST-BENCH line.
+bench_agent() {
+	local kind=$1 run=$2 log=/tmp/bench-agent.log pid t0 t1 t2 t3 st hwm rss phases agent_ms rc n=0
+	rm -f "$log"
+	ns_now
+	t0=$NS
+	env $AGENT_ENV DRIVER_CONFIG_DIGEST=bench driver-agent init >"$log" 2>&1 &
+	pid=$!
+	while :; do
+		st=
+		read -r st <"$STATUS" 2>/dev/null
+		[ "$st" = Ready ] && break
+		if [ ! -d "/proc/$pid" ] || [ "$n" -ge 6000 ]; then
+			fail "$kind run $run: the agent did not get Ready: $(last_error "$log")"
+			keep_log "$log"
+			kill -KILL "$pid" 2>/dev/null
+			wait "$pid"
+			return 1
+		fi
+		n=$((n + 1))
+		pause 0.01
+	done
+	ns_now
+	t1=$NS
+	AGENT_PID=$pid
+	wait_until 10 grep -q '"phase": "wait"' "$STATUS_JSON"
+	hwm=$(awk '$1 == "VmHWM:" { print $2 }' "/proc/$pid/status")
+	rss=$(awk '$1 == "VmRSS:" { print $2 }' "/proc/$pid/status")
+	phases=$(phase_ms)
+	agent_ms=$(agent_log_ms "$log")
+	ns_now
+	t2=$NS
+	kill -TERM "$pid"
+	wait "$pid"
+	rc=$?
+	ns_now
+	t3=$NS
+	[ "$rc" = 0 ] || fail "$kind run $run: exit code $rc after SIGTERM"
+	[ -z "$(nv_modules)" ] || fail "$kind run $run: $(nv_modules) left loaded"
+	echo "VMTEST-BENCH kind=$kind run=$run ready_ms=$(fmt_ms $((t1 - t0))) teardown_ms=$(fmt_ms $((t3 - t2))) agent_ms=$agent_ms hwm_kb=$hwm rss_kb=$rss rc=$rc phases=$phases"
+}
+
+# agent_log_ms LOG: milliseconds from the agent's first log line to "Done, now waiting for
+# signal", from the lines' own time= stamps (the agent's clock, so no polling error).
+agent_log_ms() {
+	awk '
+		function ms(line,   t, p) {
+			if (!match(line, /time=[^ ]+/)) return -1
+			t = substr(line, RSTART + 5, RLENGTH - 5)
+			t = substr(t, index(t, "T") + 1)
+			split(t, p, /[:Z+-]/)
+			return ((p[1] * 60 + p[2]) * 60 + p[3]) * 1000
+		}
+		first == "" { first = ms($0) }
+		/Done, now waiting for signal/ { printf "%d", ms($0) - first; exit }
+	' "$1"
+}
+
+# bench_script KIND RUN: the busybox script; full adds the link, firmware path, daemon and mount.
+bench_script() {
+	local kind=$1 run=$2 t0 t1 t2 t3 m maj name uvm pid n link=
+	ns_now
+	t0=$NS
+	if [ "$kind" = script-full ]; then
+		mkdir -p "$BENCH_LINK"
+		ld -d -r -o "$BENCH_LINK/nvidia.ko" "$SPLIT/nv-linux.o" "$CORE" || fail "ld nvidia.ko"
+		ld -d -r -o "$BENCH_LINK/nvidia-modeset.ko" "$SPLIT/nv-modeset-linux.o" "$KDIR/nvidia-modeset/nv-modeset-kernel.o_binary" || fail "ld nvidia-modeset.ko"
+		ns_now
+		link=" link_ms=$(fmt_ms $((NS - t0)))"
+	fi
+	for m in $BENCH_PREREQS; do
+		insmod "$m" || fail "$kind: insmod $m"
+	done
+	insmod "$BENCH_KO/nvidia.ko" $NVIDIA_PARAMS || fail "$kind: insmod nvidia.ko"
+	insmod "$BENCH_KO/nvidia-uvm.ko" || fail "$kind: insmod nvidia-uvm.ko"
+	insmod "$BENCH_KO/nvidia-modeset.ko" || fail "$kind: insmod nvidia-modeset.ko"
+	uvm=
+	while read -r maj name; do
+		[ "$name" = nvidia-uvm ] && uvm=$maj
+	done </proc/devices
+	mknod -m 666 /dev/nvidiactl c 195 255
+	mknod -m 666 /dev/nvidia0 c 195 0
+	mknod -m 666 /dev/nvidia-modeset c 195 254
+	mknod -m 666 /dev/nvidia-uvm c "$uvm" 0
+	mknod -m 666 /dev/nvidia-uvm-tools c "$uvm" 1
+	if [ "$kind" = script-full ]; then
+		echo "$FIRMWARE_WANT" >"$FIRMWARE_PATH"
+		nvidia-persistenced --persistence-mode || fail "$kind: nvidia-persistenced"
+		mkdir -p "$DRIVER_ROOT"
+		mount -o rbind / "$DRIVER_ROOT" || fail "$kind: mount"
+	fi
+	ns_now
+	t1=$NS
+
+	t2=$NS
+	if [ "$kind" = script-full ]; then
+		pid=$(cat "$PERSISTENCED_PIDFILE")
+		kill "$pid"
+		n=0
+		while alive "$pid" && [ "$n" -lt 1000 ]; do
+			pause 0.01
+			n=$((n + 1))
+		done
+		umount -l "$DRIVER_ROOT"
+		echo >"$FIRMWARE_PATH"
+	fi
+	rmmod nvidia_modeset nvidia_uvm nvidia || fail "$kind: rmmod"
+	for m in $BENCH_PREREQS; do
+		name=${m##*/}
+		name=$(echo "${name%%.ko*}" | tr - _)
+		BENCH_RMMOD="$name $BENCH_RMMOD"
+	done
+	rmmod $BENCH_RMMOD || fail "$kind: rmmod prerequisites"
+	BENCH_RMMOD=
+	rm -f /dev/nvidiactl /dev/nvidia0 /dev/nvidia-modeset /dev/nvidia-uvm /dev/nvidia-uvm-tools
+	ns_now
+	t3=$NS
+	rm -rf "$BENCH_LINK"
+	[ -z "$(nv_modules)" ] || fail "$kind run $run: $(nv_modules) left loaded"
+	echo "VMTEST-BENCH kind=$kind run=$run ready_ms=$(fmt_ms $((t1 - t0))) teardown_ms=$(fmt_ms $((t3 - t2)))$link"
+}
+
+scn_bench() {
+	local runs=${VMTEST_BENCH_RUNS:-7} i before
+	bench_setup
+	before=$(modules_snapshot)
+	for i in $(seq 1 "$runs"); do
+		rm -rf "$AGENT_CACHE"
+		bench_agent precompiled "$i" || return
+		if [ "$i" = 1 ]; then
+			# Learn what the agent loaded, and keep its linked modules for the scripts.
+			mkdir -p "$BENCH_KO"
+			cp "$AGENT_CACHE"/*/modules/*.ko "$BENCH_KO/" || { fail "no linked modules in $AGENT_CACHE"; return; }
+		fi
+		bench_agent cached "$i" || return
+		if [ "$i" = 1 ]; then
+			start_ready /tmp/bench-learn.log bench || return
+			bench_learn_prereqs "$before" "$(modules_snapshot)"
+			agent_stop TERM 30
+			note "prerequisites:$BENCH_PREREQS"
+		fi
+		bench_script script-min "$i"
+		bench_script script-full "$i"
+		check_eq "modules after run $i" "$(modules_snapshot)" "$before"
+		[ -n "$FAILS" ] && return
+	done
+	note "$runs runs"
+}
