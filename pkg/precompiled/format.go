@@ -713,3 +713,54 @@ func (e *encoder) str(s string) {
 		e.err = err
 	}
 }
+
+// Header is a package's header: everything before the first record.
+type Header struct {
+	DriverVersion, Description, ProcVersion string
+	// Files is the number of records the header announces.
+	Files int
+}
+
+// maxHeaderSize bounds the header ReadHeader accepts.
+const maxHeaderSize = 1 << 20
+
+// ReadHeader reads only the header of the package in r, leaving the records unread (at most
+// 1 MiB of r is consumed), for callers that must not hold a large package in memory.
+func ReadHeader(r io.Reader) (Header, error) {
+	b := make([]byte, maxHeaderSize)
+	n, err := io.ReadFull(r, b)
+	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
+		if errors.Is(err, io.EOF) {
+			return Header{}, errors.New("empty package")
+		}
+		return Header{}, err
+	}
+	b = b[:n]
+	d := decoder{b: b, rec: -1}
+	if len(b) < HeaderFixedSize {
+		return Header{}, d.errorf(len(b), "", "input ends: %d bytes is shorter than the %d-byte fixed header", len(b), HeaderFixedSize)
+	}
+	if string(b[:len(Magic)]) != Magic {
+		return Header{}, d.errorf(0, "magic", "got % x, want % x (\\aNVIDIA\\a)", b[:len(Magic)], Magic)
+	}
+	d.off = len(Magic)
+	if version, _ := d.u32("format version"); version != FormatVersion {
+		return Header{}, d.errorf(d.off-4, "format version", "got %d, want %d", version, FormatVersion)
+	}
+	var h Header
+	if h.DriverVersion, err = d.str("driver version"); err != nil {
+		return Header{}, err
+	}
+	if h.Description, err = d.str("description"); err != nil {
+		return Header{}, err
+	}
+	if h.ProcVersion, err = d.str("proc version"); err != nil {
+		return Header{}, err
+	}
+	count, err := d.u32("file count")
+	if err != nil {
+		return Header{}, err
+	}
+	h.Files = int(count)
+	return h, nil
+}

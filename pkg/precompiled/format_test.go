@@ -414,3 +414,29 @@ func TestPackHelpers(t *testing.T) {
 		t.Errorf("AddKernelModule missing file: %v", err)
 	}
 }
+
+func TestReadHeaderReadsOnlyTheHeader(t *testing.T) {
+	p := &Package{DriverVersion: "535.261.03", Description: "6.1.0-57-amd64", ProcVersion: "Linux version 6.1.0-57-amd64 (x) #1 SMP",
+		Files: []File{{Type: KernelModule, Name: "nvidia.ko", TargetDirectory: "modules", Data: bytes.Repeat([]byte{1}, 2<<20)}}}
+	p.Files[0].CRC = StoredCRC(p.Files[0].Data)
+	b, err := p.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := bytes.NewReader(b)
+	h, err := ReadHeader(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h != (Header{DriverVersion: p.DriverVersion, Description: p.Description, ProcVersion: p.ProcVersion, Files: 1}) {
+		t.Errorf("header %+v", h)
+	}
+	if r.Len() != len(b)-maxHeaderSize {
+		t.Errorf("ReadHeader consumed %d bytes, want %d", len(b)-r.Len(), maxHeaderSize)
+	}
+	for _, bad := range [][]byte{nil, b[:HeaderFixedSize-1], append([]byte("\aNVIDIX\a"), b[8:64]...), b[:40]} {
+		if _, err := ReadHeader(bytes.NewReader(bad)); err == nil {
+			t.Errorf("ReadHeader(%q) accepted a broken header", bad)
+		}
+	}
+}

@@ -24,7 +24,11 @@ func FuzzParse(f *testing.F) {
 		}
 	}
 	f.Fuzz(func(t *testing.T, in []byte) {
+		h, herr := ReadHeader(bytes.NewReader(in))
 		p, err := Parse(in)
+		if err == nil && (herr != nil || h.DriverVersion != p.DriverVersion || h.Description != p.Description || h.ProcVersion != p.ProcVersion || h.Files != len(p.Files)) {
+			t.Fatalf("ReadHeader = %+v, %v; Parse read %q %q %q with %d files", h, herr, p.DriverVersion, p.Description, p.ProcVersion, len(p.Files))
+		}
 		if err != nil {
 			if p != nil || !errors.Is(err, ErrCorrupt) {
 				t.Fatalf("Parse = %v, %v; want nil, ErrCorrupt", p, err)
