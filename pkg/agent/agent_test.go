@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -506,12 +507,19 @@ func TestPrecompiledThenCached(t *testing.T) {
 	writePackage(t, w.roots, "nvidia-modules-6.6.95", strings.SplitN(string(banner), "\n", 2)[0])
 	w.before = files(hosttest.Snapshot(t, w.dir))
 	cacheDir := filepath.Join(t.TempDir(), "cache")
+	var counts []string // cache hits and misses of each start, from its /metrics
 	start := func() string {
 		a := w.agent(t, "--cache-dir", cacheDir)
 		a.Source = nil
+		addr := make(chan string, 1)
+		a.OnListen = func(s string) { addr <- s }
 		cancel, done := startAgent(a)
 		defer cancel()
 		w.waitReady(t, done)
+		at := <-addr
+		k := &phaseKernel{t: t, addr: func() string { return at }}
+		m := k.scrape()["/metrics"]
+		counts = append(counts, regexp.MustCompile(`driver_agent_cache_(hits|misses)_total \d+`).FindAllString(m, -1)...)
 		st := w.read(t, "run/nvidia/driver-agent/status.json")
 		if got := w.kernel.Loaded(); !slices.Contains(got, "nvidia_uvm") || !slices.Contains(got, "nvidia_modeset") {
 			t.Errorf("loaded %v", got)
@@ -541,6 +549,11 @@ func TestPrecompiledThenCached(t *testing.T) {
 	}
 	if st := start(); !strings.Contains(st, `"installPath": "cached"`) {
 		t.Fatalf("the cache was not rebuilt: %s", st)
+	}
+	want := []string{"driver_agent_cache_hits_total 0", "driver_agent_cache_misses_total 1", "driver_agent_cache_hits_total 1", "driver_agent_cache_misses_total 0",
+		"driver_agent_cache_hits_total 0", "driver_agent_cache_misses_total 1", "driver_agent_cache_hits_total 1", "driver_agent_cache_misses_total 0"}
+	if !slices.Equal(counts, want) {
+		t.Errorf("cache counters per start %q, want %q", counts, want)
 	}
 	w.assertClean(t)
 }

@@ -130,6 +130,8 @@ func flavor(moduleType string, branch int) (string, string) {
 }
 
 func (r *run) source() Source {
+	r.mu.Lock() // Snapshot reads r.src
+	defer r.mu.Unlock()
 	if r.src != nil {
 		return r.src
 	}

@@ -44,6 +44,11 @@ func (r *run) Snapshot() metrics.Snapshot {
 	for _, d := range daemonStatuses(r.sup) {
 		s.Daemons = append(s.Daemons, metrics.Daemon{Name: d.Name, Up: d.State == string(daemon.StateUp), Restarts: float64(d.Restarts)})
 	}
+	if src, ok := r.src.(interface{ Stats() SourceStats }); ok {
+		st := src.Stats()
+		s.CacheHits, s.CacheMisses = float64(st.CacheHits), float64(st.CacheMisses)
+		s.DownloadBytes, s.DownloadSeconds, s.BuildSeconds = float64(st.DownloadBytes), st.DownloadSeconds, st.BuildSeconds
+	}
 	for k, v := range r.errors {
 		s.Errors[k] = v
 	}

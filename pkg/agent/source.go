@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"github.com/driver-agent/driver-agent/pkg/cache"
 	"github.com/driver-agent/driver-agent/pkg/detect"
@@ -63,6 +64,31 @@ type imageSource struct {
 	runner        interface {
 		Output(ctx context.Context, c host.Cmd) ([]byte, error)
 	}
+	entry *cache.Entry // the entry Find verified, used by Prepare
+
+	mu    sync.Mutex
+	stats SourceStats
+}
+
+// SourceStats are what a Source counts for the metrics.
+type SourceStats struct {
+	CacheHits, CacheMisses int
+	DownloadBytes          int64
+	DownloadSeconds        float64
+	BuildSeconds           float64
+}
+
+// Stats returns the counts so far; safe to call while Find or Prepare run.
+func (s *imageSource) Stats() SourceStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stats
+}
+
+func (s *imageSource) count(f func(*SourceStats)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f(&s.stats)
 }
 
 func (s *imageSource) srcDir(flavor string) string {
@@ -79,8 +105,16 @@ func (s *imageSource) Find(_ context.Context, f detect.Facts, flavor string) (De
 	var d Decision
 	if s.cacheDir != "" {
 		entry, ok, err := cache.Lookup(s.cacheDir, s.key(flavor))
+		s.count(func(st *SourceStats) {
+			if ok {
+				st.CacheHits++
+			} else {
+				st.CacheMisses++
+			}
+		})
 		switch {
 		case ok:
+			s.entry = &entry
 			d.Path, d.Package = PathCached, entry.Dir
 			d.Reason = fmt.Sprintf("modules built earlier on this node for this kernel banner, driver %s and flavour %s are in the cache", s.version, flavor)
 			return d, nil
@@ -113,11 +147,10 @@ func (s *imageSource) Find(_ context.Context, f detect.Facts, flavor string) (De
 func (s *imageSource) Prepare(ctx context.Context, d Decision, workDir string) ([]host.ModuleImage, error) {
 	switch d.Path {
 	case PathCached:
-		entry, ok, err := cache.Lookup(s.cacheDir, s.key(d.Flavor))
-		if !ok {
-			return nil, fmt.Errorf("cache entry %s vanished: %w", d.Package, err)
+		if s.entry == nil || s.entry.Dir != d.Package {
+			return nil, fmt.Errorf("%w: no verified cache entry for %s", exitcode.ErrNoInstallPath, d.Package)
 		}
-		return pick(entry.Modules, d)
+		return pick(s.entry.Modules, d)
 	case PathPrecompiled:
 		p, err := precompiled.ReadFile(d.Package)
 		if err != nil {
