@@ -3,13 +3,18 @@ module github.com/driver-agent/driver-agent
 go 1.26.0
 
 require (
+	github.com/ProtonMail/go-crypto v1.5.2
 	github.com/klauspost/compress v1.20.4
 	github.com/ulikunitz/xz v0.5.17
 	go.uber.org/goleak v1.3.0
 	golang.org/x/sys v0.50.0
 )
 
-require github.com/kylelemons/godebug v1.1.0 // indirect
+require (
+	github.com/cloudflare/circl v1.6.3 // indirect
+	github.com/kylelemons/godebug v1.1.0 // indirect
+	golang.org/x/crypto v0.41.0 // indirect
+)
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
