@@ -710,3 +710,39 @@ func TestEmbeddedKey(t *testing.T) {
 		t.Errorf("signing subkeys %v: want all 9, with the 2025 subkey 52F145DF...", signing)
 	}
 }
+
+// TestBuildTreeStalledServer: a server that stops sending in the middle of
+// the body, and then never answers the resuming request, ends in an error
+// instead of a hang (StallTimeout, ResponseTimeout).
+func TestBuildTreeStalledServer(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.publish(t, "stable", tarball(t, flatcartest.ContainerTree(kver, buildTree(t))))
+	etag := e.srv.ETag(imagePath("stable"))
+	e.srv.SetHook(func(w http.ResponseWriter, r *http.Request, data io.ReadSeeker) bool {
+		if r.URL.Path != imagePath("stable") {
+			return false
+		}
+		if r.Header.Get("Range") == "" {
+			size, _ := data.Seek(0, io.SeekEnd)
+			_, _ = data.Seek(0, io.SeekStart)
+			w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
+			w.Header().Set("ETag", etag)
+			_, _ = io.CopyN(w, data, size/2)
+			w.(http.Flusher).Flush()
+		}
+		<-r.Context().Done()
+		return true
+	})
+	f := e.fetcher(t, func(o *flatcar.Options) {
+		o.StallTimeout, o.ResponseTimeout, o.Retries = 50*time.Millisecond, 50*time.Millisecond, 1
+	})
+	_, err := f.BuildTree(context.Background(), rel, kver, e.dest)
+	if !errors.Is(err, flatcar.ErrUnreachable) || !strings.Contains(err.Error(), "resume") {
+		t.Fatalf("BuildTree = %v, want ErrUnreachable from the resuming request", err)
+	}
+	if !strings.Contains(e.logs.String(), "no data for 50ms") {
+		t.Errorf("the stall is not logged:\n%s", e.logs.String())
+	}
+	e.assertClean(t)
+}

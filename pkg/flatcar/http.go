@@ -133,7 +133,8 @@ func sleep(ctx context.Context, d time.Duration) error {
 // fails, or the connection ends before Content-Length, it asks for the rest
 // with a Range request guarded by If-Range, up to Retries times, so that the
 // stream the caller hashes is the published file or an error. A read that
-// waits longer than StallTimeout for data counts as a failure.
+// waits longer than StallTimeout for data counts as a failure; so does a
+// response whose first read does not come within StallTimeout.
 type body struct {
 	f    *Fetcher
 	ctx  context.Context
@@ -201,11 +202,12 @@ func (b *body) Read(p []byte) (int, error) {
 		return 0, b.err
 	}
 	for {
+		// The stall timer runs only while waiting for the server, not while
+		// the caller works on what it got.
+		b.timer.Reset(b.f.opts.StallTimeout)
 		n, err := b.rc.Read(p)
+		b.timer.Stop()
 		b.off += int64(n)
-		if n > 0 {
-			b.timer.Reset(b.f.opts.StallTimeout)
-		}
 		if b.off > b.f.opts.MaxDownloadSize || (b.size >= 0 && b.off > b.size) {
 			b.err = fmt.Errorf("%w: %s sent more than the %d bytes expected", ErrVerify, b.url, min(b.size, b.f.opts.MaxDownloadSize))
 			return 0, b.err
