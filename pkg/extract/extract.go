@@ -360,13 +360,8 @@ func (x *extractor) file(tr *tar.Reader, name string, h *tar.Header) (err error)
 	}
 	x.files[name] = true
 	defer func() { err = errors.Join(err, f.Close()) }()
-	n, err := io.CopyBuffer(writerOnly{f}, io.LimitReader(tr, h.Size), x.buf)
-	x.res.Bytes += n
-	if err != nil {
+	if err := x.copy(f, tr, h.Size); err != nil {
 		return err
-	}
-	if n != h.Size {
-		return fmt.Errorf("read archive: %w", io.ErrUnexpectedEOF)
 	}
 	if err := f.Chmod(fs.FileMode(h.Mode) & fs.ModePerm); err != nil {
 		return err
@@ -525,9 +520,25 @@ func removeAll(root *os.Root) error {
 	return err
 }
 
-// writerOnly hides os.File's ReadFrom so that io.CopyBuffer uses the
-// extractor's buffer.
-type writerOnly struct{ io.Writer }
+// copy writes size bytes from r to f in whole buffers: one write for most
+// files, so that no page is written twice.
+func (x *extractor) copy(f *os.File, r io.Reader, size int64) error {
+	for size > 0 {
+		n, err := io.ReadFull(r, x.buf[:min(size, int64(len(x.buf)))])
+		if _, werr := f.Write(x.buf[:n]); werr != nil {
+			return werr
+		}
+		x.res.Bytes += int64(n)
+		size -= int64(n)
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		if err != nil {
+			return fmt.Errorf("read archive: %w", err)
+		}
+	}
+	return nil
+}
 
 // ctxReader fails reads once ctx is done, so a long member stops promptly.
 type ctxReader struct {
