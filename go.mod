@@ -3,6 +3,7 @@ module github.com/driver-agent/driver-agent
 go 1.26.0
 
 require (
+	github.com/ProtonMail/go-crypto v1.5.2
 	github.com/klauspost/compress v1.20.4
 	github.com/pierrec/lz4/v4 v4.1.33
 	github.com/ulikunitz/xz v0.5.17
@@ -10,7 +11,11 @@ require (
 	golang.org/x/sys v0.50.0
 )
 
-require github.com/kylelemons/godebug v1.1.0 // indirect
+require (
+	github.com/cloudflare/circl v1.6.3 // indirect
+	github.com/kylelemons/godebug v1.1.0 // indirect
+	golang.org/x/crypto v0.41.0 // indirect
+)
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
