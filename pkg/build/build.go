@@ -690,3 +690,42 @@ func releaseAtLeast(release string, major, minor int) (newer, ok bool) {
 	}
 	return maj > major || maj == major && mnr >= minor, true
 }
+
+// SourceVersion returns the driver version of NVIDIA's kernel source directory: the
+// NV_VERSION_STRING its Kbuild file defines (ccflags-y += -DNV_VERSION_STRING=\"535.261.03\").
+func SourceVersion(sourceDir string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(sourceDir, "Kbuild"))
+	if err != nil {
+		return "", fmt.Errorf("driver version: %w", err)
+	}
+	v, ok := ParseVersionString(string(b))
+	if !ok {
+		return "", fmt.Errorf("driver version: %s/Kbuild defines no NV_VERSION_STRING", sourceDir)
+	}
+	return v, nil
+}
+
+// ParseVersionString returns the version in a Kbuild line such as
+// `ccflags-y += -DNV_VERSION_STRING=\"535.261.03\"` (the first one; comments are skipped). The
+// version must be digits, letters, dots, dashes, plus signs or underscores.
+func ParseVersionString(kbuild string) (string, bool) {
+	const key = "-DNV_VERSION_STRING="
+	for _, line := range strings.Split(kbuild, "\n") {
+		line, _, _ = strings.Cut(line, "#")
+		i := strings.Index(line, key)
+		if i < 0 {
+			continue
+		}
+		v := line[i+len(key):]
+		if end := strings.IndexAny(v, " \t"); end >= 0 {
+			v = v[:end]
+		}
+		v = strings.TrimPrefix(strings.TrimSuffix(v, `\"`), `\"`)
+		v = strings.Trim(v, `"'`)
+		if v == "" || strings.Trim(v, "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-+_") != "" {
+			return "", false
+		}
+		return v, true
+	}
+	return "", false
+}

@@ -65,3 +65,14 @@ func FuzzParseUTSRelease(f *testing.F) {
 		}
 	})
 }
+
+func FuzzParseVersionString(f *testing.F) {
+	f.Add("ccflags-y += -DNV_VERSION_STRING=\\\"535.261.03\\\"\n")
+	f.Add("-DNV_VERSION_STRING=\"x\" # c")
+	f.Fuzz(func(t *testing.T, s string) {
+		v, ok := build.ParseVersionString(s)
+		if ok && (v == "" || !strings.Contains(s, v) || strings.ContainsAny(v, "\"\\ \t\n/")) {
+			t.Fatalf("%q from %q", v, s)
+		}
+	})
+}

@@ -146,3 +146,33 @@ func TestParseUTSRelease(t *testing.T) {
 		}
 	}
 }
+
+func TestParseVersionString(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		in, want string
+		ok       bool
+	}{
+		{"ccflags-y += -D__KERNEL__ -DMODULE -DNVRM\nccflags-y += -DNV_VERSION_STRING=\\\"535.261.03\\\"\n", "535.261.03", true},
+		{"EXTRA_CFLAGS += -DNV_VERSION_STRING=\"580.95.05\" -Wall", "580.95.05", true},
+		{"# ccflags-y += -DNV_VERSION_STRING=\\\"1.2\\\"\nccflags-y += -DNV_VERSION_STRING=\\\"3.4\\\"", "3.4", true},
+		{"ccflags-y += -DNV_VERSION_STRING=\\\"\\\"", "", false},
+		{"ccflags-y += -DNV_VERSION_STRING=$(shell cat version)", "", false},
+		{"ccflags-y += -DNVRM", "", false},
+	} {
+		got, ok := build.ParseVersionString(tc.in)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("ParseVersionString(%q) = %q, %v", tc.in, got, ok)
+		}
+	}
+	dir := t.TempDir()
+	if _, err := build.SourceVersion(dir); err == nil {
+		t.Error("SourceVersion without a Kbuild succeeded")
+	}
+	if err := os.WriteFile(filepath.Join(dir, "Kbuild"), []byte("ccflags-y += -DNV_VERSION_STRING=\\\"535.261.03\\\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := build.SourceVersion(dir); err != nil || v != "535.261.03" {
+		t.Errorf("SourceVersion = %q, %v", v, err)
+	}
+}
