@@ -72,9 +72,9 @@ func TestBuildCommand(t *testing.T) {
 		t.Errorf("header: driver %q, description %q, proc version %q", p.DriverVersion, p.Description, p.ProcVersion)
 	}
 	type record struct {
-		typ                          precompiled.FileType
+		typ                           precompiled.FileType
 		name, linked, core, targetDir string
-		attrs                        precompiled.Attr
+		attrs                         precompiled.Attr
 	}
 	want := []record{
 		{precompiled.KernelInterface, "nv-linux.o", "nvidia.ko", "nvidia/nv-kernel.o_binary", ".", 0},
