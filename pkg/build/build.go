@@ -241,15 +241,22 @@ func Interfaces(ctx context.Context, o Options) ([]Member, error) {
 	if err != nil {
 		return nil, err
 	}
-	var targets []string
-	for _, ki := range kernelInterfaces {
-		if slices.Contains(b.modules, ki.module) {
-			targets = append(targets, ki.target)
-		}
-	}
 	if !slices.Contains(b.modules, "nvidia") || !slices.Contains(b.modules, "nvidia-uvm") {
 		return nil, fmt.Errorf("build: %w: %s has no nvidia or nvidia-uvm directory; is it NVIDIA's kernel source directory?",
 			ErrInvalid, o.SourceDir)
+	}
+	var interfaces []kernelInterface
+	var targets []string
+	for _, ki := range kernelInterfaces {
+		if !slices.Contains(b.modules, ki.module) {
+			continue
+		}
+		if st, err := os.Stat(filepath.Join(o.SourceDir, ki.core)); err != nil || !st.Mode().IsRegular() {
+			return nil, fmt.Errorf("build: %w: the core object %s is missing from %s; a package naming it could not be linked",
+				ErrInvalid, ki.core, o.SourceDir)
+		}
+		interfaces = append(interfaces, ki)
+		targets = append(targets, ki.target)
 	}
 	var members []Member
 	err = b.run(ctx, targets, func() error {
@@ -257,14 +264,7 @@ func Interfaces(ctx context.Context, o Options) ([]Member, error) {
 		if st, err := os.Stat(common); err != nil || !st.Mode().IsRegular() {
 			common = ""
 		}
-		for _, ki := range kernelInterfaces {
-			if !slices.Contains(b.modules, ki.module) {
-				continue
-			}
-			if st, err := os.Stat(filepath.Join(b.o.SourceDir, ki.core)); err != nil || !st.Mode().IsRegular() {
-				return fmt.Errorf("%w: the core object %s is missing from %s; a package naming it could not be linked",
-					ErrVerify, ki.core, b.o.SourceDir)
-			}
+		for _, ki := range interfaces {
 			path := filepath.Join(b.o.WorkDir, ki.target)
 			if common != "" {
 				if err := b.mergeCommon(ctx, path, common); err != nil {

@@ -104,6 +104,7 @@ func (f *fakeRunner) Run(ctx context.Context, c host.Cmd, out *os.File) error {
 
 func (f *fakeRunner) make(ctx context.Context, c host.Cmd, out *os.File) error {
 	fmt.Fprintf(out, "make[1]: Entering directory '/usr/src/linux-headers-%s'\n", release)
+	fmt.Fprintln(out, " CONFTEST: drm/drm_drv.h")
 	if f.block {
 		fmt.Fprintf(out, "  CC [M]  %s\n", filepath.Join(c.Dir, compiledObjects[0]))
 		<-ctx.Done()
@@ -250,7 +251,7 @@ func TestModules(t *testing.T) {
 	if !strings.Contains(logs, `msg="Building kernel modules:" progress="[                                        ]   0%" percent=0 objects=0 total=10`) {
 		t.Errorf("no 0%% progress record for 10 objects:\n%s", logs)
 	}
-	if !strings.Contains(logs, `msg="Building kernel modules:" progress="`+full+`" percent=100 objects=10 total=10`) {
+	if !strings.Contains(logs, `msg="Building kernel modules:" progress="`+full+`" percent=100 objects=10 total=10 conftests=1`) {
 		t.Errorf("no 100%% progress record:\n%s", logs)
 	}
 	logFile, err := os.ReadFile(f.work + ".log")
@@ -553,3 +554,36 @@ func TestNoSpaceFromRunner(t *testing.T) {
 type runnerFunc func(ctx context.Context, c host.Cmd, out *os.File) error
 
 func (r runnerFunc) Run(ctx context.Context, c host.Cmd, out *os.File) error { return r(ctx, c, out) }
+
+// On kernels 6.12 and newer kbuild also compiles .module-common.o: one object more to count.
+func TestProgressCountsModuleCommon(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	const newer = "6.12.81-flatcar"
+	if err := os.WriteFile(filepath.Join(f.tree, "include", "generated", "utsrelease.h"), []byte(`#define UTS_RELEASE "`+newer+`"`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f.opts.KernelRelease, f.runner.vermagic, f.runner.common = newer, newer+" SMP preempt mod_unload", true
+	if _, err := build.Modules(context.Background(), f.opts); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(f.logs.String(), "percent=0 objects=0 total=11") {
+		t.Errorf("total is not 10 objects + .module-common.o:\n%s", f.logs)
+	}
+}
+
+// Interfaces refuses a source directory without the core objects a package would name.
+func TestInterfacesNeedCoreObjects(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	if err := os.Remove(filepath.Join(f.src, "nvidia-modeset", "nv-modeset-kernel.o_binary")); err != nil {
+		t.Fatal(err)
+	}
+	_, err := build.Interfaces(context.Background(), f.opts)
+	if !errors.Is(err, build.ErrInvalid) || !strings.Contains(err.Error(), "nvidia-modeset/nv-modeset-kernel.o_binary is missing") {
+		t.Fatalf("Interfaces = %v", err)
+	}
+	if len(f.runner.Calls()) > 0 {
+		t.Errorf("ran %v", f.runner.Calls())
+	}
+}

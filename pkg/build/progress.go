@@ -27,6 +27,10 @@ const barWidth = 40
 // object.
 var compiledObject = regexp.MustCompile(`^\s*CC \[M\]\s+(\S+)`)
 
+// conftestLine matches a line of NVIDIA's configuration tests (" CONFTEST: drm/drm_drv.h"),
+// which run before the first object is compiled and take a good part of the build.
+var conftestLine = regexp.MustCompile(`^\s*CONFTEST: `)
+
 // countSources returns the number of C sources the kbuild run will compile
 // for modules: every word ending in ".c" in the modules' *.Kbuild files
 // (comments removed) that names a file in srcDir, counted once. NVIDIA lists
@@ -78,8 +82,9 @@ type progress struct {
 	log   *slog.Logger
 	term  io.Writer
 
-	mu       sync.Mutex
-	compiled map[string]bool
+	mu        sync.Mutex
+	conftests int
+	compiled  map[string]bool
 	drawn    string // the bar last drawn on term
 	final    bool
 }
@@ -101,6 +106,10 @@ func (p *progress) follow(r io.Reader, logFile io.Writer) error {
 			}
 			if m := compiledObject.FindStringSubmatch(line); m != nil {
 				p.add(m[1])
+			} else if conftestLine.MatchString(line) {
+				p.mu.Lock()
+				p.conftests++
+				p.mu.Unlock()
 			}
 		}
 		if err != nil {
@@ -155,12 +164,16 @@ func (p *progress) drawLocked() {
 // logNow writes one progress record.
 func (p *progress) logNow() {
 	p.mu.Lock()
-	pct, done, total := p.percentLocked(), len(p.compiled), p.total
+	pct, done, total, conftests := p.percentLocked(), len(p.compiled), p.total, p.conftests
 	if p.final {
 		done = total
 	}
 	p.mu.Unlock()
-	p.log.Info(ProgressMessage, "progress", renderBar(pct), "percent", pct, "objects", done, "total", total)
+	attrs := []any{"progress", renderBar(pct), "percent", pct, "objects", done, "total", total}
+	if conftests > 0 {
+		attrs = append(attrs, "conftests", conftests) // NVIDIA's configuration tests, before the objects
+	}
+	p.log.Info(ProgressMessage, attrs...)
 }
 
 // start logs the first record and then one every interval until stop is called.
