@@ -85,8 +85,8 @@ type progress struct {
 	mu        sync.Mutex
 	conftests int
 	compiled  map[string]bool
-	drawn    string // the bar last drawn on term
-	final    bool
+	drawn     string // the bar last drawn on term
+	final     bool
 }
 
 func newProgress(total int, log *slog.Logger, term io.Writer) *progress {
