@@ -102,9 +102,19 @@ type Options struct {
 	// SourceDir is the driver's kernel source directory,
 	// /usr/src/nvidia-<version>/kernel or .../kernel-open. It is only read.
 	SourceDir string
-	// BuildTree is the kernel build tree (SYSSRC), e.g.
-	// /usr/lib/modules/<release>/build.
+	// BuildTree is the kernel build tree, e.g. /usr/lib/modules/<release>/build:
+	// the kernel's output directory with .config, Module.symvers and
+	// include/generated.
 	BuildTree string
+	// KernelSource is the kernel source tree when it is apart from the
+	// build tree (Debian's linux-headers-<abi>-common next to
+	// linux-headers-<abi>). Empty means found automatically: a directory
+	// named by BuildTree/source (the link `make O=` and distributions
+	// create), else the directory of the Makefile that BuildTree/Makefile
+	// includes (Debian's wrapper), else BuildTree itself. NVIDIA's Makefile
+	// gets SYSSRC=<source> and, when the two differ, SYSOUT=<build tree>;
+	// its configuration tests need the source tree's headers.
+	KernelSource string
 	// KernelRelease is the running kernel's release (uname -r). The modules'
 	// vermagic must name it.
 	KernelRelease string
@@ -305,6 +315,7 @@ type builder struct {
 	jobs     int
 	env      []string
 	modules  []string // moduleNames present in the source directory
+	source   string   // the kernel source tree (SYSSRC)
 	logFile  *os.File
 	interval time.Duration
 }
@@ -352,6 +363,12 @@ func newBuilder(o Options) (*builder, error) {
 	if err := checkTreeRelease(o.BuildTree, o.KernelRelease); err != nil {
 		return nil, err
 	}
+	b.source = o.KernelSource
+	if b.source == "" {
+		b.source = kernelSource(o.BuildTree)
+	} else if st, err := os.Stat(filepath.Join(b.source, "Makefile")); err != nil || !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("build: %w: %s is not a kernel source tree (no Makefile)", ErrInvalid, b.source)
+	}
 
 	b.env = buildEnv(o.Env)
 	b.cc = o.CC
@@ -381,6 +398,42 @@ func newBuilder(o Options) (*builder, error) {
 		b.jobs = DefaultJobs(proc)
 	}
 	return b, nil
+}
+
+// kernelSource finds the kernel source tree of a build tree; see Options.KernelSource.
+func kernelSource(tree string) string {
+	isTree := func(dir string) bool {
+		st, err := os.Stat(filepath.Join(dir, "Makefile"))
+		if err != nil || !st.Mode().IsRegular() {
+			return false
+		}
+		st, err = os.Stat(filepath.Join(dir, "include", "linux"))
+		return err == nil && st.IsDir()
+	}
+	if dir := filepath.Join(tree, "source"); isTree(dir) {
+		return dir
+	}
+	if b, err := os.ReadFile(filepath.Join(tree, "Makefile")); err == nil && len(b) < 4096 {
+		if dir, ok := IncludedMakefileDir(string(b)); ok && filepath.Clean(dir) != filepath.Clean(tree) && isTree(dir) {
+			return dir
+		}
+	}
+	return tree
+}
+
+// IncludedMakefileDir reads a kernel output directory's wrapper Makefile, such as Debian's
+// "include /usr/src/linux-headers-6.1.0-57-common/Makefile" or the one `make O=` writes, and
+// returns the directory of the Makefile it includes (an absolute path).
+func IncludedMakefileDir(makefile string) (string, bool) {
+	for _, line := range strings.Split(makefile, "\n") {
+		f := strings.Fields(line)
+		if len(f) != 2 || f[0] != "include" || !strings.HasSuffix(f[1], "/Makefile") || !filepath.IsAbs(f[1]) ||
+			strings.ContainsAny(f[1], "$()") {
+			continue
+		}
+		return filepath.Dir(f[1]), true
+	}
+	return "", false
 }
 
 // checkTreeRelease compares the kernel release the build tree was made for
@@ -517,11 +570,15 @@ func (b *builder) run(ctx context.Context, targets []string, check func() error)
 		total++ // .module-common.o
 	}
 
-	args := []string{"-j" + strconv.Itoa(b.jobs), "SYSSRC=" + b.o.BuildTree, "CC=" + b.ccPath}
+	args := []string{"-j" + strconv.Itoa(b.jobs), "SYSSRC=" + b.source}
+	if b.source != b.o.BuildTree {
+		args = append(args, "SYSOUT="+b.o.BuildTree)
+	}
+	args = append(args, "CC="+b.ccPath)
 	args = append(args, targets...)
 	fmt.Fprintf(b.logFile, "$ cd %s && %s %s\n", b.o.WorkDir, b.make, strings.Join(args, " "))
 	b.log.Info("building the NVIDIA kernel modules", "modules", strings.Join(b.modules, " "), "kernel", b.o.KernelRelease,
-		"build_tree", b.o.BuildTree, "cc", b.ccPath, "jobs", b.jobs, "targets", strings.Join(targets, " "), "log", b.o.LogFile)
+		"build_tree", b.o.BuildTree, "kernel_source", b.source, "cc", b.ccPath, "jobs", b.jobs, "targets", strings.Join(targets, " "), "log", b.o.LogFile)
 	p := newProgress(total, b.log, b.o.Terminal)
 	runErr := b.runMake(ctx, p, args)
 	if runErr != nil {

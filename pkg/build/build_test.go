@@ -587,3 +587,59 @@ func TestInterfacesNeedCoreObjects(t *testing.T) {
 		t.Errorf("ran %v", f.runner.Calls())
 	}
 }
+
+// NVIDIA's Makefile gets the kernel source tree as SYSSRC and a separate build tree as SYSOUT.
+func TestKernelSourceTree(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		layout func(t *testing.T, f *fixture) (source string)
+	}{
+		{"merged", func(t *testing.T, f *fixture) string { return f.tree }},
+		{"source link", func(t *testing.T, f *fixture) string {
+			src := hosttest.Unpack(t, "-- Makefile --\n-- include/linux/module.h --\n")
+			if err := os.Symlink(src, filepath.Join(f.tree, "source")); err != nil {
+				t.Fatal(err)
+			}
+			return filepath.Join(f.tree, "source")
+		}},
+		{"debian wrapper", func(t *testing.T, f *fixture) string {
+			common := hosttest.Unpack(t, "-- Makefile --\n-- include/linux/module.h --\n")
+			if err := os.WriteFile(filepath.Join(f.tree, "Makefile"), []byte("include "+common+"/Makefile\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			return common
+		}},
+		{"wrapper of a tree without headers", func(t *testing.T, f *fixture) string {
+			if err := os.WriteFile(filepath.Join(f.tree, "Makefile"), []byte("include "+t.TempDir()+"/Makefile\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			return f.tree
+		}},
+		{"given", func(t *testing.T, f *fixture) string {
+			f.opts.KernelSource = hosttest.Unpack(t, "-- Makefile --\n")
+			return f.opts.KernelSource
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			source := tc.layout(t, f)
+			if _, err := build.Modules(context.Background(), f.opts); err != nil {
+				t.Fatal(err)
+			}
+			want := []string{"-j3", "SYSSRC=" + source}
+			if source != f.tree {
+				want = append(want, "SYSOUT="+f.tree)
+			}
+			if c := f.makeCall(t); !slices.Equal(c.Args[:len(want)], want) || !strings.HasPrefix(c.Args[len(want)], "CC=") {
+				t.Errorf("make %q, want %q CC=...", c.Args, want)
+			}
+		})
+	}
+	f := newFixture(t)
+	f.opts.KernelSource = t.TempDir()
+	if _, err := build.Modules(context.Background(), f.opts); !errors.Is(err, build.ErrInvalid) || !strings.Contains(err.Error(), "is not a kernel source tree") {
+		t.Errorf("Modules with a source tree without a Makefile = %v", err)
+	}
+}

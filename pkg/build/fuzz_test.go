@@ -76,3 +76,14 @@ func FuzzParseVersionString(f *testing.F) {
 		}
 	})
 }
+
+func FuzzIncludedMakefileDir(f *testing.F) {
+	f.Add("include /usr/src/linux-headers-6.1.0-57-common/Makefile\n")
+	f.Add("export KBUILD_OUTPUT = .\ninclude /src/linux/Makefile")
+	f.Fuzz(func(t *testing.T, s string) {
+		dir, ok := build.IncludedMakefileDir(s)
+		if ok && (!strings.HasPrefix(dir, "/") || !strings.Contains(s, "include")) {
+			t.Fatalf("%q from %q", dir, s)
+		}
+	})
+}

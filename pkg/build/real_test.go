@@ -107,6 +107,14 @@ func TestRealModules(t *testing.T) {
 	if !strings.Contains(term.String(), "]  99%\r") || !strings.Contains(logs.String(), `progress="`+full+`" percent=100 objects=11 total=11`) {
 		t.Errorf("progress did not count the 11 objects:\nterminal %q\nlog:\n%s", term.String(), logs.String())
 	}
+	// Debian's headers are split: linux-headers-<abi> (the build tree, whose Makefile includes the
+	// source tree's) and linux-headers-<abi>-common (the source tree, SYSSRC).
+	if mk, _ := os.ReadFile(filepath.Join(tree, "Makefile")); strings.HasPrefix(string(mk), "include ") {
+		buildLog, err := os.ReadFile(work + ".log")
+		if err != nil || !strings.Contains(string(buildLog), " SYSOUT="+tree+" ") {
+			t.Errorf("the split build tree was not given as SYSOUT (%v)", err)
+		}
+	}
 	if d := hosttest.DiffSnapshots(before, hosttest.Snapshot(t, source)); d != "" {
 		t.Errorf("the build wrote into the source directory:\n%s", d)
 	}
