@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs what the tests need on a Debian machine: gcc and binutils (the module-file tests compile
-# stand-in ELF objects), xz-utils and zstd (compressed-module fixtures), prometheus for promtool
-# (the metrics and alert-rule checks), shellcheck (actionlint runs it on the workflows' scripts).
-# Go modules come through the Go toolchain. Nothing is installed when everything is already present.
+# stand-in ELF objects), patchelf (the build-helper relocation tests), xz-utils and zstd
+# (compressed-module fixtures), prometheus for promtool (the metrics and alert-rule checks),
+# shellcheck (actionlint runs it on the workflows' scripts). Go modules come through the Go
+# toolchain. Nothing is installed when everything is already present.
 set -euo pipefail
 need=()
-for pair in gcc:gcc ld:binutils objcopy:binutils xz:xz-utils zstd:zstd make:make git:git promtool:prometheus shellcheck:shellcheck; do
+for pair in gcc:gcc ld:binutils objcopy:binutils xz:xz-utils zstd:zstd make:make patchelf:patchelf git:git promtool:prometheus shellcheck:shellcheck; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
 done
 if [ ${#need[@]} -eq 0 ]; then

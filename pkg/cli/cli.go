@@ -70,6 +70,8 @@ func Main(ctx context.Context, argv, environ []string, stdout, stderr io.Writer)
 		return runPrecompiled(prog, args, stdout, stderr)
 	case "banner":
 		return runBanner(prog, args, stdout, stderr)
+	case "build":
+		return runBuild(ctx, prog, args, stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "%s: unknown command %q\n\n", prog, cmd)
 	usage(stderr, prog)
@@ -88,6 +90,8 @@ Commands:
   version     print the version
   precompiled read, match, pack and unpack NVIDIA precompiled kernel-interface packages
   banner      print a kernel image's banner (the first line of /proc/version): banner --vmlinuz FILE
+  build       build the kernel interfaces for one kernel and pack them into a precompiled
+              package (image builds; "build --help" for its options)
   help        this text; "help init" lists every flag, "help exit-codes" the exit codes
 
 "%[1]s --dry-run" is "%[1]s init --dry-run": decide and print the plan without changing anything.
@@ -103,6 +107,8 @@ func help(prog string, args []string, stdout, stderr io.Writer) int {
 		exitcode.WriteTable(stdout)
 	case args[0] == "init":
 		config.Usage(stdout, prog)
+	case args[0] == "build":
+		buildUsage(stdout, prog)
 	default:
 		fmt.Fprintf(stderr, "%s: no help for %q\n", prog, args[0])
 		return exitcode.Code(exitcode.ErrUsage)

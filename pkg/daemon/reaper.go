@@ -242,6 +242,31 @@ func (r *Reaper) Output(ctx context.Context, c host.Cmd) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
+// Run implements host.Runner: it runs c to completion in its own process group with stdout and
+// stderr going to out, and kills what is left of the group when c exits. When ctx ends first the
+// whole group is killed with SIGKILL and ctx's error is returned. A non-zero exit gives an
+// *ExitError (wrapped).
+func (r *Reaper) Run(ctx context.Context, c host.Cmd, out *os.File) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("run %s: %w", c.Path, err)
+	}
+	ch, err := r.Spawn(c, SpawnOptions{Stdout: out, Stderr: out, KillGroup: true})
+	if err != nil {
+		return err
+	}
+	select {
+	case <-ch.done:
+	case <-ctx.Done():
+		_ = ch.Signal(syscall.SIGKILL)
+		<-ch.done
+		return fmt.Errorf("run %s: %w", c.Path, ctx.Err())
+	}
+	if err := ch.Wait(); err != nil {
+		return fmt.Errorf("%s: %w", c.Path, err)
+	}
+	return nil
+}
+
 // Close kills the children still running (their process groups, with SIGKILL), waits a bounded
 // time for them to be reaped, and stops the loop. Later Spawns fail with ErrReaperClosed.
 func (r *Reaper) Close() error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -225,4 +226,60 @@ func TestSubreaperNeedsAll(t *testing.T) {
 	if _, err := daemon.NewReaper(daemon.ReaperOptions{Subreaper: true}); err == nil {
 		t.Fatal("a subreaper that reaps only its own children was accepted")
 	}
+}
+
+// The reaper implements the build runner seam too.
+var _ host.Runner = (*daemon.Reaper)(nil)
+
+func TestReaperRunStatusAndOutput(t *testing.T) {
+	t.Parallel()
+	out, err := os.CreateTemp(t.TempDir(), "out")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	err = testReaper.Run(context.Background(), fakeCmd(t, "exit"), out)
+	var ee *daemon.ExitError
+	if !errors.As(err, &ee) || ee.Status.ExitStatus() != 3 {
+		t.Fatalf("Run = %v, want exit status 3", err)
+	}
+	if err := testReaper.Run(context.Background(), fakeCmd(t, "fork1-nopid"), out); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	b, _ := os.ReadFile(out.Name())
+	if want := "fatal: cannot open /dev/nvidiactl\nstarted, honest\n"; string(b) != want {
+		t.Errorf("output %q, want %q", b, want)
+	}
+	if err := testReaper.Run(context.Background(), host.Cmd{Path: "/nonexistent/make"}, out); !errors.Is(err, syscall.ENOENT) {
+		t.Errorf("Run of a missing program = %v, want ENOENT", err)
+	}
+}
+
+// Cancelling Run kills the child and what it started in its group.
+func TestReaperRunCancelKillsGroup(t *testing.T) {
+	t.Parallel()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	res := make(chan error, 1)
+	go func() { res <- testReaper.Run(ctx, fakeCmd(t, "group=stay"), w); w.Close() }()
+	var grandchild int
+	for grandchild == 0 {
+		line := readLine(t, r)
+		if rest, ok := strings.CutPrefix(line, "grandchild "); ok {
+			grandchild, _ = strconv.Atoi(rest)
+		}
+	}
+	g := mustProc(t, grandchild)
+	for !strings.HasPrefix(readLine(t, r), "daemon up") { // the grandchild's handler is in place
+	}
+	cancel()
+	if err := <-res; !errors.Is(err, context.Canceled) {
+		t.Errorf("Run = %v, want context.Canceled", err)
+	}
+	waitGone(t, g)
 }

@@ -114,6 +114,18 @@ type Execer interface {
 	Start(ctx context.Context, c Cmd) (Process, error)
 }
 
+// Runner runs a command to completion, as a build step does: c.Path is executed as given (no PATH
+// search), stdout and stderr both go to out, stdin is /dev/null, and the command runs in a process
+// group of its own. When ctx ends first, the whole group is killed with SIGKILL and ctx's error is
+// returned (wrapped). A command that exits non-zero gives an error that says how it ended; one
+// that cannot be started gives the start error (ENOENT, ENOEXEC, EACCES, wrapped).
+//
+// OSExec implements it with os/exec; the agent passes its reaper (daemon.Reaper), since os/exec
+// would race the reaper for exit statuses.
+type Runner interface {
+	Run(ctx context.Context, c Cmd, out *os.File) error
+}
+
 // Host bundles the roots and every side-effect seam the agent uses.
 type Host struct {
 	Roots

@@ -2,6 +2,7 @@ package host
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -80,3 +81,49 @@ func (p osProcess) Pid() int { return p.cmd.Process.Pid }
 func (p osProcess) Signal(sig syscall.Signal) error { return unix.Kill(-p.cmd.Process.Pid, sig) }
 
 func (p osProcess) Wait() error { return p.cmd.Wait() }
+
+// Run implements Runner with os/exec. After the command exits, what is left of its process group
+// is killed too, so nothing it started outlives it.
+func (OSExec) Run(ctx context.Context, c Cmd, out *os.File) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("run %s: %w", c.Path, err)
+	}
+	cmd := exec.Command(c.Path, c.Args...)
+	cmd.Env, cmd.Dir = c.Env, c.Dir
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s: %w", c.Path, err)
+	}
+	pgid := cmd.Process.Pid
+	exited := make(chan struct{})
+	watcher := make(chan bool, 1) // whether the watcher killed the group for ctx
+	go func() {
+		select {
+		case <-ctx.Done():
+			_ = unix.Kill(-pgid, unix.SIGKILL)
+			watcher <- true
+		case <-exited:
+			watcher <- false
+		}
+	}()
+	// Wait for the leader to exit without reaping it: while it is a zombie its group ID cannot be
+	// reused, so what is left of the group can be killed safely before cmd.Wait reaps it.
+	var info unix.Siginfo
+	for {
+		if err := unix.Waitid(unix.P_PID, pgid, &info, unix.WEXITED|unix.WNOWAIT, nil); !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	_ = unix.Kill(-pgid, unix.SIGKILL)
+	err := cmd.Wait()
+	close(exited)
+	killed := <-watcher
+	if killed {
+		return fmt.Errorf("run %s: %w", c.Path, ctx.Err())
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", c.Path, err)
+	}
+	return nil
+}

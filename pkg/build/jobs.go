@@ -1,0 +1,80 @@
+package build
+
+import (
+	"bufio"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+)
+
+// memoryPerJob is the memory one compile job is given when choosing the
+// default number of jobs: NVIDIA's larger sources take about that much with
+// gcc at -O2.
+const memoryPerJob = 3 << 29 // 1.5 GiB
+
+// maxJobs bounds the number of jobs, as MAX_THREADS is bounded.
+const maxJobs = 1024
+
+// DefaultJobs returns the number of parallel build jobs used when none is
+// given (MAX_THREADS unset): the CPUs this process may run on, but no more
+// than one job per 1.5 GiB of memory (MemTotal in procDir/meminfo), and at
+// least one. When meminfo cannot be read the CPU count alone decides.
+func DefaultJobs(procDir string) int {
+	var mem uint64
+	if f, err := os.Open(filepath.Join(procDir, "meminfo")); err == nil {
+		mem, _ = ParseMemTotal(io.LimitReader(f, 64<<10))
+		f.Close()
+	}
+	return JobsFor(runtime.NumCPU(), mem)
+}
+
+// JobsFor returns min(cpus, memBytes/1.5 GiB), at least 1 and at most 1024;
+// memBytes 0 means unknown (the CPUs decide).
+func JobsFor(cpus int, memBytes uint64) int {
+	n := cpus
+	if memBytes > 0 {
+		byMem := memBytes / memoryPerJob
+		if byMem < uint64(n) {
+			n = int(byMem)
+		}
+	}
+	return max(1, min(n, maxJobs))
+}
+
+// ParseMemTotal returns the MemTotal line of /proc/meminfo in bytes ("MemTotal:
+// 16316412 kB"); ok is false when there is no well-formed line.
+func ParseMemTotal(r io.Reader) (bytes uint64, ok bool) {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		rest, found := strings.CutPrefix(sc.Text(), "MemTotal:")
+		if !found {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) == 0 || len(f) > 2 {
+			return 0, false
+		}
+		n, err := strconv.ParseUint(f[0], 10, 64)
+		if err != nil {
+			return 0, false
+		}
+		unit := uint64(1)
+		if len(f) == 2 {
+			switch f[1] {
+			case "kB":
+				unit = 1024
+			case "B":
+			default:
+				return 0, false
+			}
+		}
+		if n > ^uint64(0)/unit {
+			return 0, false
+		}
+		return n * unit, true
+	}
+	return 0, false
+}

@@ -1,0 +1,129 @@
+package host_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/driver-agent/driver-agent/pkg/host"
+)
+
+// The os/exec runner and the agent's reaper (package daemon) both implement Runner.
+var _ host.Runner = host.OSExec{}
+
+func shell(t *testing.T, script string) host.Cmd {
+	t.Helper()
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		t.Fatalf("no sh: %v", err)
+	}
+	return host.Cmd{Path: sh, Args: []string{"-c", script}}
+}
+
+func tempOut(t *testing.T) *os.File {
+	t.Helper()
+	f, err := os.CreateTemp(t.TempDir(), "out")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+func TestOSExecRunOutputAndStatus(t *testing.T) {
+	t.Parallel()
+	out := tempOut(t)
+	err := host.OSExec{}.Run(context.Background(), shell(t, "echo to-stdout; echo to-stderr >&2; exit 3"), out)
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 3 {
+		t.Fatalf("Run = %v, want exit status 3", err)
+	}
+	b, _ := os.ReadFile(out.Name())
+	if string(b) != "to-stdout\nto-stderr\n" {
+		t.Errorf("output %q", b)
+	}
+	if err := (host.OSExec{}).Run(context.Background(), shell(t, "true"), out); err != nil {
+		t.Errorf("Run(true) = %v", err)
+	}
+}
+
+func TestOSExecRunStartError(t *testing.T) {
+	t.Parallel()
+	err := host.OSExec{}.Run(context.Background(), host.Cmd{Path: "/nonexistent/make"}, tempOut(t))
+	if !errors.Is(err, syscall.ENOENT) {
+		t.Fatalf("Run = %v, want ENOENT", err)
+	}
+}
+
+// What a command leaves in its process group is killed when it exits and when ctx ends.
+func TestOSExecRunKillsGroup(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		script string
+		cancel bool
+	}{
+		{"exit", "sleep 300 & echo $!", false},
+		{"cancel", "sleep 300 & echo $!; wait", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r, w, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			res := make(chan error, 1)
+			go func() { res <- host.OSExec{}.Run(ctx, shell(t, tc.script), w); w.Close() }()
+			line, err := bufio.NewReader(r).ReadString('\n')
+			if err != nil {
+				t.Fatalf("read the child's pid: %v", err)
+			}
+			pid, err := strconv.Atoi(strings.TrimSpace(line))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.cancel {
+				cancel()
+			}
+			err = <-res
+			if tc.cancel && !errors.Is(err, context.Canceled) {
+				t.Errorf("Run = %v, want context.Canceled", err)
+			}
+			if !tc.cancel && err != nil {
+				t.Errorf("Run = %v", err)
+			}
+			waitNotRunning(t, pid)
+		})
+	}
+}
+
+// waitNotRunning waits until pid has exited (a zombie left to init counts as exited).
+func waitNotRunning(t *testing.T, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return
+		}
+		s := string(b)
+		if i := strings.LastIndexByte(s, ')'); i >= 0 && strings.HasPrefix(s[i+1:], " Z") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pid %d still runs: %s", pid, s)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
