@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/driver-agent/driver-agent/pkg/build/buildtest"
-	"github.com/driver-agent/driver-agent/pkg/cli"
 	"github.com/driver-agent/driver-agent/pkg/link"
 	"github.com/driver-agent/driver-agent/pkg/modfile"
 	"github.com/driver-agent/driver-agent/pkg/precompiled"
