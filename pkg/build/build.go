@@ -554,7 +554,7 @@ func (b *builder) run(ctx context.Context, targets []string, check func() error)
 		}
 	}()
 	b.log.Info("copying the driver sources into the work directory", "source", b.o.SourceDir, "work_dir", b.o.WorkDir)
-	if err := copyTree(ctx, b.o.SourceDir, b.o.WorkDir); err != nil {
+	if err := CopyTree(ctx, b.o.SourceDir, b.o.WorkDir); err != nil {
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return fmt.Errorf("build: %w", ctxErr)
 		}

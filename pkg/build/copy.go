@@ -15,11 +15,12 @@ import (
 // build does not need: the precompiled packages shipped next to the sources.
 var skipDirs = map[string]bool{"precompiled": true}
 
-// copyTree copies the driver sources from src into dst, which exists and is
-// empty: directories, regular files (with their permission bits) and
-// symbolic links (as links). Anything else is an error. Top-level
-// directories in skipDirs are left out. ctx is checked between files.
-func copyTree(ctx context.Context, src, dst string) error {
+// CopyTree copies the tree src into dst, which exists and is empty:
+// directories, regular files (with their permission bits and modification
+// times) and symbolic links (as links). Anything else is an error. Top-level
+// directories named precompiled (NVIDIA's packages next to the sources) are
+// left out. ctx is checked between files.
+func CopyTree(ctx context.Context, src, dst string) error {
 	return filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -46,7 +47,11 @@ func copyTree(ctx context.Context, src, dst string) error {
 		case mode.IsDir():
 			return os.Mkdir(to, mode.Perm()|0o700)
 		case mode.IsRegular():
-			return copyFile(path, to, mode.Perm())
+			if err := copyFile(path, to, mode.Perm()); err != nil {
+				return err
+			}
+			// kbuild compares modification times; the copy must not look newer than it is.
+			return os.Chtimes(to, info.ModTime(), info.ModTime())
 		case mode&fs.ModeSymlink != 0:
 			target, err := os.Readlink(path)
 			if err != nil {

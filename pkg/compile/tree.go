@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/driver-agent/driver-agent/pkg/build"
 	"github.com/driver-agent/driver-agent/pkg/kernel"
 )
 
@@ -120,7 +121,7 @@ func resolveIn(root, rel string) (string, error) {
 }
 
 // checkTree says whether dir looks like a configured build tree for kver: it has a Makefile and
-// a .config, its recorded release (include/config/kernel.release, when present) is kver, and
+// a .config, its recorded release (include/generated/utsrelease.h, when present) is kver, and
 // files its Makefile includes by absolute path exist (a Debian-style split tree seen through the
 // host root names files the container does not have).
 func checkTree(dir, kver string) error {
@@ -129,12 +130,14 @@ func checkTree(dir, kver string) error {
 			return fmt.Errorf("%s is not a configured kernel build tree: %w", dir, err)
 		}
 	}
-	b, err := kernel.ReadSmall(filepath.Join(dir, "include/config/kernel.release"))
-	switch {
-	case err == nil && strings.TrimSpace(string(b)) != kver:
-		return fmt.Errorf("%s is the build tree of kernel %s, not of the running kernel %s", dir, strings.TrimSpace(string(b)), kver)
-	case err != nil && !errors.Is(err, fs.ErrNotExist):
+	// UTS_RELEASE is what the modules' vermagic will say (Debian's include/config/kernel.release
+	// holds the upstream version instead).
+	b, err := kernel.ReadSmall(filepath.Join(dir, "include/generated/utsrelease.h"))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("%s: %w", dir, err)
+	}
+	if rel, ok := build.ParseUTSRelease(string(b)); err == nil && ok && rel != kver {
+		return fmt.Errorf("%s is the build tree of kernel %s, not of the running kernel %s", dir, rel, kver)
 	}
 	f, err := os.Open(filepath.Join(dir, "Makefile"))
 	if err != nil {

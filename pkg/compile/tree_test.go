@@ -13,10 +13,10 @@ const kver = "6.6.95-flatcar"
 // mkTree writes a minimal configured build tree at dir for release.
 func mkTree(t *testing.T, dir, release, makefile string) {
 	t.Helper()
-	if err := os.MkdirAll(filepath.Join(dir, "include/config"), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Join(dir, "include/generated"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	files := map[string]string{"Makefile": makefile, ".config": "CONFIG_MODULES=y\n", "include/config/kernel.release": release + "\n"}
+	files := map[string]string{"Makefile": makefile, ".config": "CONFIG_MODULES=y\n", "include/generated/utsrelease.h": "#define UTS_RELEASE \"" + release + "\"\n"}
 	for name, body := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
 			t.Fatal(err)
