@@ -55,7 +55,7 @@ func server(t *testing.T) (srv *flatcartest.Server, release, tree string) {
 func options(t *testing.T, srv *flatcartest.Server, release string) Options {
 	return Options{
 		HostRoot: t.TempDir(), KernelRelease: release, DriverVersion: "535.261.03", Flatcar: testRelease,
-		Fetch: flatcar.Options{URLs: []string{srv.URLTemplate()}, Keyring: srv.Key.ArmoredPublicKey(), RetryBase: time.Millisecond, RetryMax: time.Millisecond},
+		Fetch:   flatcar.Options{URLs: []string{srv.URLTemplate()}, Keyring: srv.Key.ArmoredPublicKey(), RetryBase: time.Millisecond, RetryMax: time.Millisecond},
 		WorkDir: filepath.Join(t.TempDir(), "work"), Jobs: 2,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
