@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -457,16 +458,74 @@ func TestLoadFailureRollsBack(t *testing.T) {
 
 func TestNoPackageMeansNoInstallPath(t *testing.T) {
 	w := newWorld(t)
+	// Not Flatcar, and no build tree: nothing can provide modules.
+	for _, p := range []string{w.roots.InRoot("host-etc/os-release"), w.roots.InHost("usr/lib/os-release")} {
+		os.WriteFile(p, []byte("ID=ubuntu\nVERSION_ID=24.04\n"), 0o644)
+	}
+	w.before = files(hosttest.Snapshot(t, w.dir))
 	a := w.agent(t)
 	a.Source = nil // the default: the cache, then precompiled packages in the image, of which the fixture has none
 	err := a.Run(context.Background())
-	if !errors.Is(err, exitcode.ErrNoInstallPath) || exitcode.Code(err) != 11 || !strings.Contains(err.Error(), "no precompiled package in") {
+	if !errors.Is(err, exitcode.ErrNoInstallPath) || exitcode.Code(err) != 11 || !strings.Contains(err.Error(), "no precompiled package in") ||
+		!strings.Contains(err.Error(), "set --kernel-build-tree or use an image with a precompiled package") {
 		t.Fatalf("Run = %v, want prepare: no install path", err)
 	}
 	if calls := w.kernel.Calls(); len(calls) != 0 {
 		t.Errorf("kernel calls %v", calls)
 	}
 	os.Remove(w.roots.InRun("nvidia/driver-agent/status.json"))
+	w.assertClean(t)
+}
+
+// TestCompilePathDownloadFailures: on Flatcar without a package the agent downloads the build
+// tree; a release no server has fails with the download code and names the image to use, and a
+// SIGTERM while the tarball streams ends the run cleanly with nothing loaded or left behind.
+func TestCompilePathDownloadFailures(t *testing.T) {
+	stall := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(r.URL.Path, "/stall/") {
+			w.WriteHeader(http.StatusOK)
+			w.(http.Flusher).Flush()
+			select {
+			case <-stall:
+			case <-r.Context().Done():
+			}
+			return
+		}
+		http.NotFound(w, r)
+	}))
+	defer srv.Close()
+	defer close(stall)
+
+	w := newWorld(t)
+	a := w.agent(t, "--flatcar-release-url", srv.URL+"/{channel}/{board}/{version}/", "--insecure-skip-verify")
+	a.Source = nil
+	err := a.Run(context.Background())
+	if !errors.Is(err, exitcode.ErrDownload) || exitcode.Code(err) != 8 || !strings.Contains(err.Error(), "precompiled image tagged "+testVersion+"-flatcar4230.2.1") {
+		t.Fatalf("Run = %v, want the download code naming the image tag", err)
+	}
+	os.Remove(w.roots.InRun("nvidia/driver-agent/status.json"))
+	w.assertClean(t)
+
+	a = w.agent(t, "--flatcar-release-url", srv.URL+"/stall/{version}/", "--insecure-skip-verify")
+	a.Source = nil
+	cancel, done := startAgent(a)
+	waitFor(t, "the download", func() bool {
+		return strings.Contains(w.read(t, "run/nvidia/driver-agent/status.json"), `"phase": "prepare"`)
+	}, done)
+	time.Sleep(100 * time.Millisecond)
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run after SIGTERM during the download = %v, want nil", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("SIGTERM during the download did not end the run")
+	}
+	if calls := w.kernel.Calls(); len(calls) != 0 {
+		t.Errorf("kernel calls %v", calls)
+	}
 	w.assertClean(t)
 }
 

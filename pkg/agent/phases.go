@@ -148,11 +148,12 @@ func (r *run) source() Source {
 		if version == "" {
 			version = "<DRIVER_VERSION>" // a dry run without it still shows where it would look
 		}
-		r.src = &imageSource{roots: r.Host.Roots, version: version, cacheDir: cacheDir,
-			maxEntries: r.cfg.CacheMaxEntries, requireSigned: r.cfg.RequireSigned, log: r.Log}
+		src := &imageSource{roots: r.Host.Roots, version: version, cacheDir: cacheDir,
+			maxEntries: r.cfg.CacheMaxEntries, requireSigned: r.cfg.RequireSigned, log: r.Log, cfg: r.cfg}
 		if r.Reaper != nil {
-			r.src.(*imageSource).runner = r.Reaper
+			src.runner, src.buildRunner = r.Reaper, r.Reaper
 		}
+		r.src = src
 	}
 	return r.src
 }

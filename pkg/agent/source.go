@@ -5,13 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 
 	"github.com/driver-agent/driver-agent/pkg/cache"
+	"github.com/driver-agent/driver-agent/pkg/compile"
+	"github.com/driver-agent/driver-agent/pkg/config"
 	"github.com/driver-agent/driver-agent/pkg/detect"
 	"github.com/driver-agent/driver-agent/pkg/exitcode"
+	"github.com/driver-agent/driver-agent/pkg/extract"
+	"github.com/driver-agent/driver-agent/pkg/flatcar"
 	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/kernel"
 	"github.com/driver-agent/driver-agent/pkg/link"
@@ -64,7 +69,11 @@ type imageSource struct {
 	runner        interface {
 		Output(ctx context.Context, c host.Cmd) ([]byte, error)
 	}
-	entry *cache.Entry // the entry Find verified, used by Prepare
+	buildRunner host.Runner    // runs the compile path's children; nil means os/exec
+	cfg         *config.Config // the compile path's settings
+	entry       *cache.Entry   // the entry Find verified, used by Prepare
+	compile     compile.Options
+	compileErr  error // why the compile path cannot work, found by Find
 
 	mu    sync.Mutex
 	stats SourceStats
@@ -140,7 +149,103 @@ func (s *imageSource) Find(_ context.Context, f detect.Facts, flavor string) (De
 	}
 	d.Path = PathCompile
 	d.Reason = fmt.Sprintf("no precompiled package in %s matches kernel %s and driver %s, and no cached build", dir, s.release, s.version)
+	s.compile, s.compileErr = s.compileOptions(f, flavor)
+	if s.compileErr == nil {
+		var plan string
+		if plan, s.compileErr = compile.Plan(s.compile); s.compileErr == nil {
+			d.Reason += "; " + plan
+		}
+	}
+	if s.compileErr != nil {
+		d.Reason += "; cannot compile: " + s.compileErr.Error()
+	}
 	return d, nil
+}
+
+// compileOptions turns the configuration and the host's facts into the compile path's options.
+func (s *imageSource) compileOptions(f detect.Facts, flavor string) (compile.Options, error) {
+	o := compile.Options{
+		HostRoot: s.roots.HostRoot, KernelRelease: f.KernelRelease, Banner: f.Banner, DriverVersion: s.version,
+		Flatcar: f.Flatcar, SourceDir: s.srcDir(flavor), ProcDir: s.roots.Proc, Runner: s.buildRunner, Log: s.log,
+	}
+	if c := s.cfg; c != nil {
+		o.KernelBuildTree, o.Jobs, o.CC = c.KernelBuildTree, c.MaxThreads, c.CC
+		o.Fetch = flatcar.Options{URLs: c.FlatcarReleaseURLs, InsecureSkipVerify: c.InsecureSkipVerify}
+		if c.FlatcarSigningKey != "" {
+			key, err := os.ReadFile(c.FlatcarSigningKey)
+			if err != nil {
+				return o, fmt.Errorf("--flatcar-signing-key: %w", err)
+			}
+			o.Fetch.Keyring = key
+		}
+	}
+	return o, nil
+}
+
+// compileKey is the cache key of modules built here: the compiler is a build input.
+func (s *imageSource) compileKey(flavor string) cache.Key {
+	k := s.key(flavor)
+	if s.compile.CC != "" {
+		k.BuildParams = []string{"cc=" + s.compile.CC}
+	}
+	return k
+}
+
+// compileModules runs the compile path and stores its result in the cache.
+func (s *imageSource) compileModules(ctx context.Context, d Decision, workDir string) ([]host.ModuleImage, error) {
+	if s.compileErr != nil {
+		why, _, _ := strings.Cut(d.Reason, "; ")
+		return nil, fmt.Errorf("%w (%s)", classifyCompile(s.compileErr), why)
+	}
+	if workDir == "" { // dry run: Find's plan is the answer
+		return nil, nil
+	}
+	o := s.compile
+	o.WorkDir = filepath.Join(workDir, "compile")
+	res, err := compile.Run(ctx, o)
+	s.count(func(st *SourceStats) {
+		st.DownloadBytes += res.Downloaded
+		st.DownloadSeconds += res.DownloadTime.Seconds()
+		st.BuildSeconds += res.BuildTime.Seconds()
+	})
+	if err != nil {
+		return nil, classifyCompile(err)
+	}
+	return pick(s.store(s.compileKey(d.Flavor), res.Modules), d)
+}
+
+// classifyCompile gives a compile-path error its exit code: no way to get a build tree, a failed
+// download or verification, or a failed build.
+func classifyCompile(err error) error {
+	switch {
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		return err
+	case errors.Is(err, compile.ErrImpossible):
+		return fmt.Errorf("%w: %w", exitcode.ErrNoInstallPath, err)
+	case errors.Is(err, flatcar.ErrVerify), errors.Is(err, flatcar.ErrNotFound), errors.Is(err, flatcar.ErrUnreachable),
+		errors.Is(err, flatcar.ErrNoBuildTree), errors.Is(err, flatcar.ErrInvalid), errors.Is(err, extract.ErrUnsafe), errors.Is(err, extract.ErrTooLarge):
+		return fmt.Errorf("%w: %w", exitcode.ErrDownload, err)
+	}
+	return fmt.Errorf("%w: %w", exitcode.ErrBuild, err)
+}
+
+// store puts freshly made modules in the cache and returns the cached copies, or the modules as
+// they are when the cache is off or fails.
+func (s *imageSource) store(key cache.Key, mods []link.Module) []link.Module {
+	if s.cacheDir == "" {
+		return mods
+	}
+	entry, err := cache.Store(s.cacheDir, key, mods)
+	if err != nil {
+		s.log.Warn("could not store the modules in the cache; the next start makes them again", "dir", s.cacheDir, "error", err)
+		return mods
+	}
+	if removed, err := cache.Prune(s.cacheDir, s.maxEntries); err != nil {
+		s.log.Warn("could not prune the module cache", "error", err)
+	} else if len(removed) > 0 {
+		s.log.Info("pruned the module cache", "removed", removed)
+	}
+	return entry.Modules
 }
 
 // Prepare implements Source.
@@ -163,21 +268,11 @@ func (s *imageSource) Prepare(ctx context.Context, d Decision, workDir string) (
 		if err != nil {
 			return nil, fmt.Errorf("%w: link %s: %w", exitcode.ErrModuleLoad, filepath.Base(d.Package), err)
 		}
-		if s.cacheDir != "" {
-			if entry, err := cache.Store(s.cacheDir, s.key(d.Flavor), mods); err != nil {
-				s.log.Warn("could not store the linked modules in the cache; the next start links again", "dir", s.cacheDir, "error", err)
-			} else {
-				mods = entry.Modules
-				if removed, err := cache.Prune(s.cacheDir, s.maxEntries); err != nil {
-					s.log.Warn("could not prune the module cache", "error", err)
-				} else if len(removed) > 0 {
-					s.log.Info("pruned the module cache", "removed", removed)
-				}
-			}
-		}
-		return pick(mods, d)
+		return pick(s.store(s.key(d.Flavor), mods), d)
+	case PathCompile:
+		return s.compileModules(ctx, d, workDir)
 	}
-	return nil, fmt.Errorf("%w: %s; compiling against the kernel build tree is not available in this build, so an image with a precompiled package for this kernel is needed", exitcode.ErrNoInstallPath, d.Reason)
+	return nil, fmt.Errorf("%w: install path %q", exitcode.ErrNoInstallPath, d.Path)
 }
 
 // pick returns the modules of d.Modules from mods, or says which are missing.

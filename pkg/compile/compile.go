@@ -203,9 +203,9 @@ func fetch(ctx context.Context, o Options, log *slog.Logger) (Tree, int64, error
 	ft, err := f.BuildTree(ctx, o.release(), o.KernelRelease, filepath.Join(o.WorkDir, "flatcar"))
 	switch {
 	case errors.Is(err, flatcar.ErrUnreachable):
-		return Tree{}, 0, fmt.Errorf("%w; set --flatcar-release-url to a mirror, or use the precompiled image tagged %s", err, o.imageTag())
+		return Tree{}, 0, fmt.Errorf("%w; or use the precompiled image tagged %s", err, o.imageTag())
 	case errors.Is(err, flatcar.ErrNotFound):
-		return Tree{}, 0, fmt.Errorf("%w: Flatcar %s is not on any release server; set --flatcar-release-url to a mirror that has it, or use the precompiled image tagged %s", err, o.Flatcar.Version, o.imageTag())
+		return Tree{}, 0, fmt.Errorf("%w; or use the precompiled image tagged %s", err, o.imageTag())
 	case err != nil:
 		return Tree{}, 0, err
 	}
