@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 
 	"github.com/driver-agent/driver-agent/pkg/build"
 	"github.com/driver-agent/driver-agent/pkg/host"
@@ -39,12 +41,15 @@ Options:
   --kernel-banner FILE    the target kernel's /proc/version line (first line of FILE)
   --proc DIR              read the banner from DIR/version instead
   --kernel-build-tree DIR the target kernel's build tree (SYSSRC)
-  --source DIR            the driver's kernel source directory
-                          (default /usr/src/nvidia-<driver version>/kernel)
-  --driver-version V      the package's driver version (default: the source's
-                          NV_VERSION_STRING)
+  --source DIR            the driver's kernel source directory (default
+                          /usr/src/nvidia-<driver version>/kernel, or kernel-open)
+  --kernel-module-type T  proprietary or open: which source directory is the
+                          default (default $KERNEL_MODULE_TYPE, else proprietary)
+  --driver-version V      the package's driver version (default $DRIVER_VERSION,
+                          else the source's NV_VERSION_STRING)
   --cc CC                 the C compiler (default $CC, else gcc)
-  -j N                    parallel jobs (default: from CPUs and memory)
+  -j N                    parallel jobs (default $MAX_THREADS, else from CPUs
+                          and memory)
   --work-dir DIR          where the build directory is made (default $TMPDIR)
   -o PKG                  the package to write (replaced if it exists)
 
@@ -57,20 +62,41 @@ build log and names it; the log is kept), 2 usage error or unusable input
 // buildArgs are the parsed options of `driver-agent build`.
 type buildArgs struct {
 	bannerFile, proc, tree, source, version, cc, workDir, out string
+	moduleType                                                string
 	jobs                                                      int
 }
 
-func parseBuildArgs(args []string) (*buildArgs, error) {
-	a := &buildArgs{}
+// parseBuildArgs parses the options; DRIVER_VERSION, KERNEL_MODULE_TYPE and MAX_THREADS in
+// environ (the driver image sets them) are the defaults of --driver-version,
+// --kernel-module-type and -j.
+func parseBuildArgs(args, environ []string) (*buildArgs, error) {
+	env := map[string]string{}
+	for _, kv := range environ {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			env[k] = v
+		}
+	}
+	a := &buildArgs{version: env["DRIVER_VERSION"], moduleType: env["KERNEL_MODULE_TYPE"]}
+	if a.moduleType == "" || a.moduleType == "auto" {
+		a.moduleType = "proprietary"
+	}
+	if v := env["MAX_THREADS"]; v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return nil, fmt.Errorf("MAX_THREADS=%q: want a whole number", v)
+		}
+		a.jobs = n
+	}
 	fs := flag.NewFlagSet("build", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&a.bannerFile, "kernel-banner", "", "")
 	fs.StringVar(&a.proc, "proc", "", "")
 	fs.StringVar(&a.tree, "kernel-build-tree", "", "")
 	fs.StringVar(&a.source, "source", "", "")
-	fs.StringVar(&a.version, "driver-version", "", "")
+	fs.StringVar(&a.version, "driver-version", a.version, "")
+	fs.StringVar(&a.moduleType, "kernel-module-type", a.moduleType, "")
 	fs.StringVar(&a.cc, "cc", "", "")
-	fs.IntVar(&a.jobs, "j", 0, "")
+	fs.IntVar(&a.jobs, "j", a.jobs, "")
 	fs.StringVar(&a.workDir, "work-dir", "", "")
 	fs.StringVar(&a.out, "o", "", "")
 	fs.StringVar(&a.out, "output", "", "")
@@ -87,7 +113,9 @@ func parseBuildArgs(args []string) (*buildArgs, error) {
 	case a.out == "":
 		return nil, errors.New("give the package to write with -o PKG")
 	case a.source == "" && a.version == "":
-		return nil, errors.New("give --source DIR or --driver-version V (the source is then /usr/src/nvidia-V/kernel)")
+		return nil, errors.New("give --source DIR or --driver-version V (the source is then /usr/src/nvidia-V/kernel, or kernel-open with --kernel-module-type open)")
+	case a.moduleType != "proprietary" && a.moduleType != "open":
+		return nil, fmt.Errorf("--kernel-module-type %q: want proprietary or open", a.moduleType)
 	case a.jobs < 0 || a.jobs > 1024:
 		return nil, fmt.Errorf("-j %d: want 1 to 1024 (0: from CPUs and memory)", a.jobs)
 	}
@@ -95,7 +123,7 @@ func parseBuildArgs(args []string) (*buildArgs, error) {
 }
 
 // runBuild runs `driver-agent build ...`.
-func runBuild(ctx context.Context, prog string, args []string, stdout, stderr io.Writer) int {
+func runBuild(ctx context.Context, prog string, args, environ []string, stdout, stderr io.Writer) int {
 	for _, arg := range args {
 		if arg == "-h" || arg == "--help" || arg == "-help" || arg == "help" {
 			buildUsage(stdout, prog)
@@ -106,7 +134,7 @@ func runBuild(ctx context.Context, prog string, args []string, stdout, stderr io
 		fmt.Fprintf(stderr, "%s build: %s\n", prog, fmt.Sprintf(format, a...))
 		return code
 	}
-	a, err := parseBuildArgs(args)
+	a, err := parseBuildArgs(args, environ)
 	if err != nil {
 		fail(buildBadInput, "%v", err)
 		fmt.Fprintf(stderr, "Run '%s build --help' for usage.\n", prog)
@@ -129,7 +157,11 @@ func runBuild(ctx context.Context, prog string, args []string, stdout, stderr io
 	}
 	source := a.source
 	if source == "" {
-		source = filepath.Join("/usr/src", "nvidia-"+a.version, "kernel")
+		flavor := "kernel"
+		if a.moduleType == "open" {
+			flavor = "kernel-open"
+		}
+		source = filepath.Join("/usr/src", "nvidia-"+a.version, flavor)
 	}
 	version := a.version
 	if version == "" {

@@ -1,6 +1,7 @@
 package cli_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/driver-agent/driver-agent/pkg/build/buildtest"
+	"github.com/driver-agent/driver-agent/pkg/cli"
 	"github.com/driver-agent/driver-agent/pkg/link"
 	"github.com/driver-agent/driver-agent/pkg/modfile"
 	"github.com/driver-agent/driver-agent/pkg/precompiled"
@@ -148,6 +150,7 @@ func TestBuildCommandUsage(t *testing.T) {
 		{"bad jobs", []string{"--proc", "/proc", "--kernel-build-tree", dir, "--source", dir, "-j", "-3", "-o", out}, "-j -3"},
 		{"extra argument", []string{"--proc", "/proc", "--kernel-build-tree", dir, "--source", dir, "-o", out, "extra"}, `unexpected arguments ["extra"]`},
 		{"unknown flag", []string{"--frobnicate"}, "flag provided but not defined"},
+		{"bad module type", []string{"--proc", "/proc", "--kernel-build-tree", dir, "--source", dir, "--kernel-module-type", "closed", "-o", out}, `--kernel-module-type "closed": want proprietary or open`},
 		{"not a banner", []string{"--kernel-banner", banner, "--kernel-build-tree", dir, "--source", dir, "-o", out}, `"not a banner" is not a Linux banner`},
 		{"missing banner file", []string{"--kernel-banner", filepath.Join(dir, "nope"), "--kernel-build-tree", dir, "--source", dir, "-o", out}, "no such file"},
 		{"no version in the source", []string{"--proc", "/proc", "--kernel-build-tree", dir, "--source", dir, "-o", out}, "give --driver-version"},
@@ -169,5 +172,22 @@ func TestBuildCommandUsage(t *testing.T) {
 	}
 	if code, stdout, _ := runCLI("help"); code != 0 || !strings.Contains(stdout, "  build ") {
 		t.Errorf("help does not list build:\n%s", stdout)
+	}
+}
+
+// The image sets DRIVER_VERSION, KERNEL_MODULE_TYPE and MAX_THREADS; they are build's defaults.
+func TestBuildDefaultsFromTheImageEnvironment(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	tree := t.TempDir()
+	code := cli.Main(context.Background(), []string{"driver-agent", "build", "--proc", "/proc", "--kernel-build-tree", tree, "-o", filepath.Join(t.TempDir(), "pkg")},
+		[]string{"DRIVER_VERSION=0.0.0-none", "KERNEL_MODULE_TYPE=open"}, &stdout, &stderr)
+	if code != 2 || !strings.Contains(stderr.String(), "/usr/src/nvidia-0.0.0-none/kernel-open") {
+		t.Errorf("exit %d, stderr %q: want the open source directory of DRIVER_VERSION", code, stderr.String())
+	}
+	stderr.Reset()
+	code = cli.Main(context.Background(), []string{"driver-agent", "build", "--proc", "/proc", "--kernel-build-tree", tree, "-o", "x"},
+		[]string{"DRIVER_VERSION=1.0", "MAX_THREADS=many"}, &stdout, &stderr)
+	if code != 2 || !strings.Contains(stderr.String(), `MAX_THREADS="many"`) {
+		t.Errorf("exit %d, stderr %q", code, stderr.String())
 	}
 }

@@ -71,7 +71,9 @@ func Main(ctx context.Context, argv, environ []string, stdout, stderr io.Writer)
 	case "banner":
 		return runBanner(prog, args, stdout, stderr)
 	case "build":
-		return runBuild(ctx, prog, args, stdout, stderr)
+		return runBuild(ctx, prog, args, environ, stdout, stderr)
+	case "fetch-build-tree":
+		return runFetch(ctx, prog, args, stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "%s: unknown command %q\n\n", prog, cmd)
 	usage(stderr, prog)
@@ -92,6 +94,8 @@ Commands:
   banner      print a kernel image's banner (the first line of /proc/version): banner --vmlinuz FILE
   build       build the kernel interfaces for one kernel and pack them into a precompiled
               package (image builds; "build --help" for its options)
+  fetch-build-tree
+              download and verify a Flatcar release's kernel and build tree (image builds)
   help        this text; "help init" lists every flag, "help exit-codes" the exit codes
 
 "%[1]s --dry-run" is "%[1]s init --dry-run": decide and print the plan without changing anything.

@@ -199,10 +199,16 @@ func (s *Server) Remove(urlPath string) {
 // any other directory path ending in "/"), with its DIGESTS and their clear
 // signature by s.Key.
 func (s *Server) Publish(dir string, tarball []byte) error {
-	if err := s.publishDigests(dir, bytes.NewReader(tarball)); err != nil {
+	return s.PublishAs(dir, ContainerImage, tarball)
+}
+
+// PublishAs serves data as the release file name in dir, with its DIGESTS and their clear
+// signature by s.Key.
+func (s *Server) PublishAs(dir, name string, data []byte) error {
+	if err := s.publishDigests(dir, name, bytes.NewReader(data)); err != nil {
 		return err
 	}
-	s.Put(dir+ContainerImage, tarball)
+	s.Put(dir+name, data)
 	return nil
 }
 
@@ -213,14 +219,14 @@ func (s *Server) PublishFile(dir, file string) error {
 		return err
 	}
 	defer f.Close()
-	if err := s.publishDigests(dir, f); err != nil {
+	if err := s.publishDigests(dir, ContainerImage, f); err != nil {
 		return err
 	}
 	return s.PutFile(dir+ContainerImage, file)
 }
 
-func (s *Server) publishDigests(dir string, r io.Reader) error {
-	d, err := Digests(ContainerImage, r)
+func (s *Server) publishDigests(dir, name string, r io.Reader) error {
+	d, err := Digests(name, r)
 	if err != nil {
 		return err
 	}
@@ -228,8 +234,8 @@ func (s *Server) publishDigests(dir string, r io.Reader) error {
 	if err != nil {
 		return err
 	}
-	s.Put(dir+ContainerImage+".DIGESTS", d)
-	s.Put(dir+ContainerImage+".DIGESTS.asc", asc)
+	s.Put(dir+name+".DIGESTS", d)
+	s.Put(dir+name+".DIGESTS.asc", asc)
 	return nil
 }
 
