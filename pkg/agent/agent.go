@@ -90,6 +90,7 @@ type run struct {
 	cfg      *config.Config
 	st       status.Writer
 	src      Source
+	writeMu  sync.Mutex // serialises status.json writes
 	mu       sync.Mutex
 	status   status.Status
 	errors   map[string]float64
@@ -204,14 +205,25 @@ func (r *run) update(fn func(s *status.Status)) {
 func (r *run) setPhase(name string) {
 	r.mu.Lock()
 	r.status.Phase = name
-	r.status.Updated = r.Now()
 	r.beat = r.Now()
-	s := r.status
-	s.Phases = append([]status.Timing(nil), r.status.Phases...)
 	r.mu.Unlock()
+	r.writeStatus()
+}
+
+// writeStatus writes status.json from the current status. Writes are serialised and each takes
+// its snapshot inside, so the file never goes back to an older state.
+func (r *run) writeStatus() {
 	if r.cfg.DryRun {
 		return
 	}
+	r.writeMu.Lock()
+	defer r.writeMu.Unlock()
+	r.mu.Lock()
+	r.status.Updated = r.Now()
+	s := r.status
+	s.Phases = append([]status.Timing(nil), r.status.Phases...)
+	s.Daemons = append([]status.Daemon(nil), r.status.Daemons...)
+	r.mu.Unlock()
 	if err := r.st.Write(s); err != nil {
 		r.Log.Warn("could not write status file", "error", err)
 	}

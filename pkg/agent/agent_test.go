@@ -873,3 +873,29 @@ func (k loadHook) LoadModule(m host.ModuleImage) error {
 	k.before(m.Name)
 	return k.FakeKernel.LoadModule(m)
 }
+
+// TestStatusFollowsDaemonCrash: status.json shows a daemon that crashed while the agent waits
+// (before the restart policy gives up), not only the state at the last phase change.
+func TestStatusFollowsDaemonCrash(t *testing.T) {
+	w := newWorld(t)
+	a := w.agent(t)
+	a.DaemonPolicy = daemon.Policy{InitialBackoff: 2 * time.Second, MaxBackoff: 2 * time.Second, MaxRestarts: 1}
+	cancel, done := startAgent(a)
+	defer cancel()
+	w.waitReady(t, done)
+	if st := w.read(t, "run/nvidia/driver-agent/status.json"); !strings.Contains(st, `"state": "up"`) {
+		t.Fatalf("status at Ready: %s", st)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(w.read(t, "container/var/run/nvidia-persistenced/nvidia-persistenced.pid")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("FAKE_DAEMON_CRASH", "1")
+	syscall.Kill(pid, syscall.SIGKILL)
+	waitFor(t, "status.json to show the crash", func() bool {
+		st := w.read(t, "run/nvidia/driver-agent/status.json")
+		return strings.Contains(st, `"name": "nvidia-persistenced"`) && !strings.Contains(st, `"state": "up"`)
+	}, done)
+	cancel()
+	<-done
+}

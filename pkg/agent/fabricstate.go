@@ -10,7 +10,6 @@ import (
 	"github.com/driver-agent/driver-agent/pkg/exitcode"
 	"github.com/driver-agent/driver-agent/pkg/fabric"
 	"github.com/driver-agent/driver-agent/pkg/host"
-	"github.com/driver-agent/driver-agent/pkg/status"
 )
 
 const (
@@ -143,16 +142,8 @@ func (r *run) queryFabric(ctx context.Context, smi string) (fabric.Summary, erro
 func (r *run) setFabric(state, detail string) {
 	r.mu.Lock()
 	r.status.Fabric, r.status.FabricDetail = state, detail
-	r.status.Updated = r.Now()
-	s := r.status
-	s.Phases = append([]status.Timing(nil), r.status.Phases...)
 	r.mu.Unlock()
-	if r.cfg.DryRun {
-		return
-	}
-	if err := r.st.Write(s); err != nil {
-		r.Log.Warn("could not write status file", "error", err)
-	}
+	r.writeStatus()
 }
 
 // metricsFabricState is the state label for driver_agent_fabric_state: one of fabric's four

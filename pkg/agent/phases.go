@@ -540,9 +540,11 @@ func (r *run) daemonsPhase(ctx context.Context) error {
 		childProc = r.Host.Proc
 	}
 	sup := daemon.NewSupervisor(daemon.Options{Reaper: r.Reaper, Log: r.Log, Proc: childProc, OnChange: func(daemon.Status) {
+		// status.json follows every daemon change (a crash, a restart), not only the phases.
 		r.mu.Lock()
-		defer r.mu.Unlock()
 		r.status.Daemons = daemonStatuses(r.sup)
+		r.mu.Unlock()
+		r.writeStatus()
 	}})
 	r.mu.Lock()
 	r.sup = sup
