@@ -879,7 +879,7 @@ func (k loadHook) LoadModule(m host.ModuleImage) error {
 func TestStatusFollowsDaemonCrash(t *testing.T) {
 	w := newWorld(t)
 	a := w.agent(t)
-	a.DaemonPolicy = daemon.Policy{InitialBackoff: 2 * time.Second, MaxBackoff: 2 * time.Second, MaxRestarts: 1}
+	a.DaemonPolicy = daemon.Policy{InitialBackoff: time.Minute, MaxBackoff: time.Minute, MaxRestarts: 100} // nothing else happens for a minute
 	cancel, done := startAgent(a)
 	defer cancel()
 	w.waitReady(t, done)
