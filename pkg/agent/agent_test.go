@@ -899,3 +899,26 @@ func TestStatusFollowsDaemonCrash(t *testing.T) {
 	cancel()
 	<-done
 }
+
+// TestStaleWorkDirsRemoved: with --work-dir, work dirs that killed agents left behind are removed
+// at the next start (the node lock makes them nobody's), and the run's own goes at teardown.
+func TestStaleWorkDirsRemoved(t *testing.T) {
+	w := newWorld(t)
+	work := t.TempDir()
+	os.MkdirAll(filepath.Join(work, "driver-agent-1234", "compile", "build"), 0o700)
+	os.WriteFile(filepath.Join(work, "keep-me"), []byte("x"), 0o644)
+	cancel, done := startAgent(w.agent(t, "--work-dir", work))
+	defer cancel()
+	w.waitReady(t, done)
+	if _, err := os.Stat(filepath.Join(work, "driver-agent-1234")); !os.IsNotExist(err) {
+		t.Errorf("stale work dir still there: %v", err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	left, _ := filepath.Glob(filepath.Join(work, "*"))
+	if len(left) != 1 || filepath.Base(left[0]) != "keep-me" {
+		t.Errorf("work dir holds %v after teardown", left)
+	}
+}

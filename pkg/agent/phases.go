@@ -178,6 +178,14 @@ func (r *run) prepare(ctx context.Context) error {
 		if err := os.MkdirAll(r.cfg.WorkDir, 0o700); err != nil {
 			return fmt.Errorf("work dir: %w", err)
 		}
+		// This run holds the node's lock: work dirs there are left by agents that were killed.
+		stale, _ := filepath.Glob(filepath.Join(r.cfg.WorkDir, "driver-agent-*"))
+		for _, d := range stale {
+			r.Log.Info("removing the work dir of an earlier agent", "dir", d)
+			if err := os.RemoveAll(d); err != nil {
+				r.Log.Warn("could not remove an earlier agent's work dir", "dir", d, "error", err)
+			}
+		}
 	}
 	workDir, err := os.MkdirTemp(r.cfg.WorkDir, "driver-agent-")
 	if err != nil {
