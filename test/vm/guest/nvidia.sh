@@ -75,7 +75,7 @@ nv_check_no_gpu() {
 		mod_loaded "$m" && fail "$m, loaded by the agent, is still loaded"
 	done
 	check_eq "/proc/modules after the agent vs before" "$(modules_snapshot)" "$NV_BEFORE"
-	note "loaded and unloaded: $loaded"
+	note "agent loaded: $loaded"
 	check_clean
 }
 
