@@ -61,14 +61,16 @@ vm-test:
 vm-bench:
 	$(GO) test -tags 'vmtest vmbench' -run '^TestVMBench$$' -v -count=1 -timeout 30m ./test/vm/
 
-# NVIDIA's real 535 driver (Debian's nvidia-kernel-source, downloaded into NVIDIA_SOURCES by
-# scripts/nvidia-sources.sh): the compile path, driver-agent build, and the load in the VM, which
-# fails with ENODEV for want of a GPU (test/vm/README.md). Needs what vm-test needs, and network.
-NVIDIA_SOURCES ?= /tmp/driver-agent-nvidia-sources
+# NVIDIA's real 535 driver (Debian's nvidia-kernel-source, downloaded into
+# DRIVER_AGENT_NVIDIA_SOURCES by scripts/nvidia-sources.sh): the compile path, driver-agent build,
+# and the load in the VM, which fails with ENODEV for want of a GPU (test/vm/README.md). Needs what
+# vm-test needs, and network. (Not NVIDIA_SOURCES: make exports command-line variables, and
+# NVIDIA's Kbuild appends its source list to a variable of that name.)
+DRIVER_AGENT_NVIDIA_SOURCES ?= /tmp/driver-agent-nvidia-sources
 nvidia-test:
-	@t0=$$(date +%s); bash scripts/nvidia-sources.sh $(NVIDIA_SOURCES) && \
-	  echo "nvidia-test: NVIDIA sources in $(NVIDIA_SOURCES) after $$(( $$(date +%s) - t0 )) s"
-	DRIVER_AGENT_NVIDIA_SOURCES=$(NVIDIA_SOURCES) $(GO) test -tags 'vmtest nvidiatest' -run '^TestNVIDIA$$' -v -count=1 -timeout 40m ./test/vm/
+	@t0=$$(date +%s); bash scripts/nvidia-sources.sh $(DRIVER_AGENT_NVIDIA_SOURCES) && \
+	  echo "nvidia-test: NVIDIA sources in $(DRIVER_AGENT_NVIDIA_SOURCES) after $$(( $$(date +%s) - t0 )) s"
+	DRIVER_AGENT_NVIDIA_SOURCES=$(DRIVER_AGENT_NVIDIA_SOURCES) $(GO) test -tags 'vmtest nvidiatest' -run '^TestNVIDIA$$' -v -count=1 -timeout 40m ./test/vm/
 
 deps:
 	bash scripts/install-deps.sh
