@@ -288,25 +288,39 @@ func checkProgress(t *testing.T, recs []slog.Record, lastBar string) {
 	t.Logf("progress records: %v%%; the terminal's last bar: %q", pcts, lastBar)
 }
 
-// makeLine is the first line of build.Modules' log: "$ cd <dir> && <make> <args>".
+// makeLine is build.Modules' log line for its make command: "$ cd <dir> && <make> <args>" (after
+// the compiler check's "$ <cc> --version" and its output).
 var makeLine = regexp.MustCompile(`^\$ cd (\S+) && (\S+) (.*)$`)
+
+// makeCommand returns the make program and arguments the agent logged in its build log.
+func makeCommand(logFile string) (string, []string, error) {
+	f, err := os.Open(logFile)
+	if err != nil {
+		return "", nil, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		if m := makeLine.FindStringSubmatch(sc.Text()); m != nil {
+			return m[2], strings.Fields(m[3]), nil
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return "", nil, err
+	}
+	return "", nil, fmt.Errorf("the agent's build log %s has no \"$ cd <dir> && <make> <args>\" line", logFile)
+}
 
 // bareMake builds the same sources with the same make arguments (jobs, SYSSRC, SYSOUT, CC and
 // targets, read from the agent's build log) and environment (without the outer make's MAKEFLAGS;
 // IGNORE_CC_MISMATCH=1 and LC_ALL=C, as the agent sets them) in a fresh copy, and prints the
 // agent's build time against it. No timed assertion: the machine is shared.
 func (nv *nvidiaRun) bareMake(t *testing.T, res compile.Result) {
-	f, err := os.Open(res.LogFile)
+	makeProg, args, err := makeCommand(res.LogFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	first, err := bufio.NewReader(f).ReadString('\n')
-	f.Close()
-	m := makeLine.FindStringSubmatch(strings.TrimSpace(first))
-	if err != nil || m == nil {
-		t.Fatalf("the agent's build log %s does not start with its make command: %q (%v)", res.LogFile, first, err)
-	}
-	args := strings.Fields(m[3])
 	dir := filepath.Join(nv.h.work, "bare-make")
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -320,7 +334,7 @@ func (nv *nvidiaRun) bareMake(t *testing.T, res compile.Result) {
 			env = append(env, kv)
 		}
 	}
-	cmd := exec.Command(m[2], args...)
+	cmd := exec.Command(makeProg, args...)
 	cmd.Dir, cmd.Env = dir, append(env, "LC_ALL=C", "IGNORE_CC_MISMATCH=1")
 	logFile := filepath.Join(nv.h.work, "bare-make.log")
 	out, err := os.Create(logFile)
@@ -328,7 +342,7 @@ func (nv *nvidiaRun) bareMake(t *testing.T, res compile.Result) {
 		t.Fatal(err)
 	}
 	cmd.Stdout, cmd.Stderr = out, out
-	t.Logf("bare make: cd %s && %s %s", dir, m[2], strings.Join(args, " "))
+	t.Logf("bare make: cd %s && %s %s", dir, makeProg, strings.Join(args, " "))
 	t0 := time.Now()
 	err = cmd.Run()
 	bare := time.Since(t0)
