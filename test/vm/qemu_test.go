@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -35,11 +36,17 @@ func (b bootResult) log() string {
 	return s.String()
 }
 
+// defaultMemMiB is the guest's memory unless a group asks for more.
+const defaultMemMiB = 1024
+
 // qemuArgs is the command line of one boot: TCG (KVM does not work on these machines), no
 // network, no reboot (with panic=-1 a dead /init ends qemu), the console on the serial port.
-func qemuArgs(kernel, initrd string) []string {
+func qemuArgs(kernel, initrd string, memMiB int) []string {
+	if memMiB <= 0 {
+		memMiB = defaultMemMiB
+	}
 	return []string{
-		"-accel", "tcg", "-m", "1024", "-smp", "1",
+		"-accel", "tcg", "-m", strconv.Itoa(memMiB), "-smp", "1",
 		"-nodefaults", "-no-user-config", "-display", "none", "-monitor", "none",
 		"-serial", "stdio", "-nic", "none", "-no-reboot",
 		"-kernel", kernel, "-initrd", initrd,
@@ -47,12 +54,12 @@ func qemuArgs(kernel, initrd string) []string {
 	}
 }
 
-// boot runs qemu until the guest powers off, reading the console, and kills it after timeout.
-// live, when not nil, gets each line as it arrives.
-func boot(ctx context.Context, qemu, kernel, initrd string, timeout time.Duration, live func(consoleLine)) bootResult {
+// boot runs qemu with memMiB of memory (0: defaultMemMiB) until the guest powers off, reading
+// the console, and kills it after timeout. live, when not nil, gets each line as it arrives.
+func boot(ctx context.Context, qemu, kernel, initrd string, memMiB int, timeout time.Duration, live func(consoleLine)) bootResult {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, qemu, qemuArgs(kernel, initrd)...)
+	cmd := exec.CommandContext(ctx, qemu, qemuArgs(kernel, initrd, memMiB)...)
 	cmd.WaitDelay = 5 * time.Second
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {

@@ -37,6 +37,7 @@ type group struct {
 	compressed bool // ship the prerequisite modules as .ko.xz and .ko.zst
 	bench      bool // ship guest/bench.sh (make vm-bench)
 	benchRuns  int  // VMTEST_BENCH_RUNS
+	memMiB     int  // guest memory; 0 means defaultMemMiB
 	timeout    time.Duration
 }
 
@@ -77,7 +78,7 @@ func TestVM(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := setup(t, tl)
+	h := setup(t, tl, true)
 	for _, g := range groups() {
 		t.Run(g.name, func(t *testing.T) { h.runGroup(t, g) })
 	}
@@ -88,8 +89,8 @@ func TestVM(t *testing.T) {
 
 func since(t time.Time) string { return time.Since(t).Round(10 * time.Millisecond).String() }
 
-// setup builds the agent and the stand-in modules (once per `go test`).
-func setup(t *testing.T, tl *tools) *harness {
+// setup builds the agent and, with standins, the stand-in modules (once per `go test`).
+func setup(t *testing.T, tl *tools, standins bool) *harness {
 	t.Helper()
 	repo, err := filepath.Abs("../..")
 	if err != nil {
@@ -124,7 +125,11 @@ func setup(t *testing.T, tl *tools) *harness {
 	}()
 	t0 := time.Now()
 	var per []string
-	for _, spec := range standinSpecs() {
+	specs := standinSpecs()
+	if !standins {
+		specs = nil
+	}
+	for _, spec := range specs {
 		t1 := time.Now()
 		s, err := buildStandin(ctx, tl, filepath.Join(repo, "test/vm/standin"), h.work, driverVersion, spec)
 		if err != nil {
@@ -134,7 +139,9 @@ func setup(t *testing.T, tl *tools) *harness {
 		h.standins[spec.variant] = s
 		per = append(per, fmt.Sprintf("%s %s", spec.variant, since(t1)))
 	}
-	h.timings = append(h.timings, fmt.Sprintf("stand-in module builds %s (%s)", since(t0), strings.Join(per, ", ")))
+	if standins {
+		h.timings = append(h.timings, fmt.Sprintf("stand-in module builds %s (%s)", since(t0), strings.Join(per, ", ")))
+	}
 	a := <-agentDone
 	if a.err != nil {
 		t.Fatal(a.err)
@@ -219,11 +226,17 @@ func (h *harness) boot(t *testing.T, g group) bootResult {
 		t.Fatalf("initramfs for %s: %v", g.name, err)
 	}
 	t.Logf("initramfs %s: %.1f MiB in %s", g.name, float64(size)/(1<<20), since(t0))
+	return h.bootInitrd(t, g, initrd)
+}
+
+// bootInitrd boots the initramfs file for g.
+func (h *harness) bootInitrd(t *testing.T, g group, initrd string) bootResult {
+	t.Helper()
 	var live func(consoleLine)
 	if os.Getenv("DRIVER_AGENT_VM_CONSOLE") != "" {
 		live = func(l consoleLine) { fmt.Fprintf(os.Stderr, "[%s %6.2fs] %s\n", g.name, l.at.Seconds(), l.text) }
 	}
-	res := boot(context.Background(), h.tl.qemu, h.tl.vmlinuz, initrd, g.timeout, live)
+	res := boot(context.Background(), h.tl.qemu, h.tl.vmlinuz, initrd, g.memMiB, g.timeout, live)
 	if dir := os.Getenv("DRIVER_AGENT_VM_LOGDIR"); dir != "" {
 		if err := os.WriteFile(filepath.Join(dir, "vm-"+g.name+".log"), []byte(res.log()), 0o644); err != nil {
 			t.Logf("writing the console log: %v", err)
@@ -236,7 +249,12 @@ func (h *harness) runGroup(t *testing.T, g group) {
 	if g.packages {
 		h.kernelBanner(t)
 	}
-	res := h.boot(t, g)
+	h.check(t, g, h.boot(t, g))
+}
+
+// check turns the result lines of g's boot into subtests, one per scenario; a missing line or a
+// failed boot fails the test and logs the whole console.
+func (h *harness) check(t *testing.T, g group, res bootResult) {
 	results, banner, booted, ended := parse(res.lines)
 	if h.banner == "" {
 		h.banner = banner
@@ -283,6 +301,29 @@ func guestMS(details string) string {
 
 // initramfs writes the guest's root filesystem for g to file and returns its size.
 func (h *harness) initramfs(g group, file string) (int64, error) {
+	r := h.baseRootfs(g, driverVersion)
+	std := h.standins["standard"]
+	for _, m := range []string{"nvidia.ko", "nvidia-uvm.ko", "nvidia-modeset.ko", "nvswitch-standin.ko"} {
+		r.file("vmtest/ko/standard/"+m, 0o644, std.path(m))
+	}
+	r.file("vmtest/ko/enodev/nvidia.ko", 0o644, h.standins["enodev"].path("nvidia.ko"))
+	for _, m := range []string{nvInterface, nvCore, modesetInterface, modesetCore} {
+		r.file("vmtest/split/"+m, 0o644, std.path(m))
+	}
+	if err := h.addPrerequisites(r, g.compressed, prerequisiteModules()); err != nil {
+		return 0, err
+	}
+	if g.packages {
+		if err := h.addPackages(r); err != nil {
+			return 0, err
+		}
+	}
+	return h.writeRootfs(r, file)
+}
+
+// baseRootfs is what every guest has: busybox, /init and the scenario scripts, the fake
+// daemons, /vmtest/config (for the driver version given), the agent, and ld with its libraries.
+func (h *harness) baseRootfs(g group, version string) *rootfs {
 	r := newRootfs()
 	for _, d := range []string{"proc", "sys", "dev", "run", "tmp", "root", "etc", "var/lib", "usr/local/bin", "usr/sbin", "sbin"} {
 		r.dir(d)
@@ -311,7 +352,7 @@ func (h *harness) initramfs(g group, file string) (int64, error) {
 	r.file("drivers/nvidia.conf", 0o644, filepath.Join(guest, "nvidia.conf"))
 	r.file("etc/os-release", 0o644, filepath.Join(guest, "os-release"))
 	r.bytes("vmtest/config", 0o644, []byte(fmt.Sprintf("VMTEST_DRIVER_VERSION=%s\nVMTEST_KERNEL_RELEASE=%s\nVMTEST_SCENARIOS=%q\nVMTEST_BENCH_RUNS=%d\n",
-		driverVersion, h.tl.abi, strings.Join(g.scenarios, " "), g.benchRuns)))
+		version, h.tl.abi, strings.Join(g.scenarios, " "), g.benchRuns)))
 
 	r.file("usr/local/bin/driver-agent", 0o755, h.agent)
 	r.symlink("usr/local/bin/nvidia-driver", "driver-agent")
@@ -319,23 +360,11 @@ func (h *harness) initramfs(g group, file string) (int64, error) {
 		r.file(f, 0o755, f)
 	}
 	r.symlink("usr/bin/ld", filepath.Base(h.tl.ld))
+	return r
+}
 
-	std := h.standins["standard"]
-	for _, m := range []string{"nvidia.ko", "nvidia-uvm.ko", "nvidia-modeset.ko", "nvswitch-standin.ko"} {
-		r.file("vmtest/ko/standard/"+m, 0o644, std.path(m))
-	}
-	r.file("vmtest/ko/enodev/nvidia.ko", 0o644, h.standins["enodev"].path("nvidia.ko"))
-	for _, m := range []string{nvInterface, nvCore, modesetInterface, modesetCore} {
-		r.file("vmtest/split/"+m, 0o644, std.path(m))
-	}
-	if err := h.addPrerequisites(r, g.compressed); err != nil {
-		return 0, err
-	}
-	if g.packages {
-		if err := h.addPackages(r); err != nil {
-			return 0, err
-		}
-	}
+// writeRootfs adds busybox's applet links where nothing else is and writes the archive to file.
+func (h *harness) writeRootfs(r *rootfs, file string) (int64, error) {
 	for _, a := range h.applets {
 		if !r.has(a) {
 			r.symlink(a, "/bin/busybox")
@@ -384,10 +413,10 @@ func (h *harness) addPackages(r *rootfs) error {
 	return nil
 }
 
-// addPrerequisites puts the prerequisite modules and their dependencies from the kernel image
-// into /lib/modules/<abi>/ with a modules.dep listing just them (and the image's
-// modules.builtin). With compress, they alternate between .ko.xz and .ko.zst.
-func (h *harness) addPrerequisites(r *rootfs, compress bool) error {
+// addPrerequisites puts the modules named and their dependencies from the kernel image into
+// /lib/modules/<abi>/ with a modules.dep listing just them (and the image's modules.builtin).
+// With compress, they alternate between .ko.xz and .ko.zst.
+func (h *harness) addPrerequisites(r *rootfs, compress bool, names []string) error {
 	paths, deps, err := readModulesDep(filepath.Join(h.tl.modules, "modules.dep"))
 	if err != nil {
 		return err
@@ -411,7 +440,7 @@ func (h *harness) addPrerequisites(r *rootfs, compress bool) error {
 		order = append(order, name)
 		return nil
 	}
-	for _, m := range prerequisiteModules() {
+	for _, m := range names {
 		if err := visit(m); err != nil {
 			return err
 		}
