@@ -8,7 +8,7 @@ STATICCHECK_VERSION := v0.8.2
 ACTIONLINT_VERSION  := v1.7.12
 FUZZTIME  ?= 20s
 
-.PHONY: all build test lint fmt vet staticcheck actionlint images-test images-lint fuzz vm-test vm-bench nvidia-test vm-deps deps ci clean
+.PHONY: all build test lint fmt vet staticcheck actionlint images-test images-lint fuzz vm-test vm-bench nvidia-test nvidia-bench vm-deps deps ci clean
 
 all: build
 
@@ -66,11 +66,16 @@ vm-bench:
 # and the load in the VM, which fails with ENODEV for want of a GPU (test/vm/README.md). Needs what
 # vm-test needs, and network. (Not NVIDIA_SOURCES: make exports command-line variables, and
 # NVIDIA's Kbuild appends its source list to a variable of that name.)
+# make nvidia-bench is the same stage plus a bare make of the same tree, timed against the
+# agent's build (a fourth full NVIDIA build, so not part of make ci).
 DRIVER_AGENT_NVIDIA_SOURCES ?= /tmp/driver-agent-nvidia-sources
 nvidia-test:
 	@t0=$$(date +%s); bash scripts/nvidia-sources.sh $(DRIVER_AGENT_NVIDIA_SOURCES) && \
-	  echo "nvidia-test: NVIDIA sources in $(DRIVER_AGENT_NVIDIA_SOURCES) after $$(( $$(date +%s) - t0 )) s"
+	  echo "$@: NVIDIA sources in $(DRIVER_AGENT_NVIDIA_SOURCES) after $$(( $$(date +%s) - t0 )) s"
 	DRIVER_AGENT_NVIDIA_SOURCES=$(DRIVER_AGENT_NVIDIA_SOURCES) $(GO) test -tags 'vmtest nvidiatest' -run '^TestNVIDIA$$' -v -count=1 -timeout 40m ./test/vm/
+
+nvidia-bench:
+	$(MAKE) nvidia-test DRIVER_AGENT_NVIDIA_BENCH=1
 
 deps:
 	bash scripts/install-deps.sh
