@@ -153,22 +153,25 @@ func Store(dir string, key Key, modules []link.Module) (Entry, error) {
 	if err != nil {
 		return Entry{}, fmt.Errorf("cache store: %w", err)
 	}
-	if err := fill(tmp, key, modules); err != nil {
+	m, err := fill(tmp, key, modules)
+	if err != nil {
 		return Entry{}, errors.Join(fmt.Errorf("cache store: %w", err), os.RemoveAll(tmp))
 	}
 	final := filepath.Join(dir, name)
 	if err := install(tmp, final); err != nil {
 		return Entry{}, errors.Join(fmt.Errorf("cache store: %w", err), os.RemoveAll(tmp))
 	}
-	e, err := verify(final, key)
-	if err != nil {
-		return Entry{}, fmt.Errorf("cache store: %w", err)
+	// The entry is what fill hashed and synced; reading it back here would only hash it a second
+	// time on the way to Ready (Lookup verifies it on every later start).
+	e := Entry{Dir: final, Manifest: m}
+	for _, mod := range m.Modules {
+		e.Modules = append(e.Modules, link.Module{Name: mod.Name, Path: filepath.Join(final, ModulesDir, mod.File), Signed: mod.Signed})
 	}
 	return e, nil
 }
 
-// fill writes a complete entry into the empty directory tmp.
-func fill(tmp string, key Key, modules []link.Module) error {
+// fill writes a complete entry into the empty directory tmp and returns its manifest.
+func fill(tmp string, key Key, modules []link.Module) (*Manifest, error) {
 	p := &precompiled.Package{DriverVersion: key.DriverVersion, ProcVersion: key.Banner,
 		Description: "driver-agent module cache: " + key.Flavor}
 	m := &Manifest{Format: ManifestFormat, Key: key}
@@ -176,21 +179,21 @@ func fill(tmp string, key Key, modules []link.Module) error {
 	for _, mod := range modules {
 		file := filepath.Base(mod.Path)
 		if !kernel.ValidModuleName(mod.Name) || strings.Contains(mod.Name, "-") {
-			return fmt.Errorf("%w: module name %q", ErrInvalid, mod.Name)
+			return nil, fmt.Errorf("%w: module name %q", ErrInvalid, mod.Name)
 		}
 		if err := checkFile(file); err != nil {
-			return fmt.Errorf("%w: module %s: %w", ErrInvalid, mod.Name, err)
+			return nil, fmt.Errorf("%w: module %s: %w", ErrInvalid, mod.Name, err)
 		}
 		data, err := readModule(mod.Path)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		f, err := precompiled.NewKernelModule(file, ModulesDir, data, mod.Signed)
 		if err != nil {
-			return fmt.Errorf("%w: module %s: %w", ErrInvalid, mod.Name, err)
+			return nil, fmt.Errorf("%w: module %s: %w", ErrInvalid, mod.Name, err)
 		}
 		if err := p.Append(f); err != nil {
-			return fmt.Errorf("%w: module %s: %w", ErrInvalid, mod.Name, err)
+			return nil, fmt.Errorf("%w: module %s: %w", ErrInvalid, mod.Name, err)
 		}
 		sum := sha256.Sum256(data)
 		m.Modules = append(m.Modules, ModuleSum{Name: mod.Name, File: file, Size: int64(len(data)),
@@ -201,38 +204,41 @@ func fill(tmp string, key Key, modules []link.Module) error {
 		return err
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	m.Package = FileSum{File: PackageFile, SHA256: sum}
 	if err := m.validate(); err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalid, err)
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	if err := os.Mkdir(filepath.Join(tmp, ModulesDir), 0o755); err != nil {
-		return err
+		return nil, err
 	}
 	paths, err := precompiled.Unpack(p, tmp)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for _, path := range paths {
 		if err := syncPath(path); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	manifest, err := m.marshal()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if _, err := writeSynced(filepath.Join(tmp, ManifestFile), func(w io.Writer) error {
 		_, err := w.Write(manifest)
 		return err
 	}); err != nil {
-		return err
+		return nil, err
 	}
 	if err := syncPath(filepath.Join(tmp, ModulesDir)); err != nil {
-		return err
+		return nil, err
 	}
-	return syncPath(tmp)
+	if err := syncPath(tmp); err != nil {
+		return nil, err
+	}
+	return m, nil
 }
 
 // install renames the complete entry tmp to final, moving an existing entry

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -95,7 +96,7 @@ func TestStoreLookup(t *testing.T) {
 	if !ok || err != nil {
 		t.Fatalf("Lookup after Store = %v, %v", ok, err)
 	}
-	if e.Dir != stored.Dir || !slices.Equal(e.Modules, stored.Modules) || !e.Manifest.Key.Equal(key) {
+	if e.Dir != stored.Dir || !slices.Equal(e.Modules, stored.Modules) || !e.Manifest.Key.Equal(key) || !reflect.DeepEqual(e.Manifest, stored.Manifest) {
 		t.Errorf("Lookup = %+v, Store gave %+v", e, stored)
 	}
 
