@@ -166,7 +166,7 @@ func (s *imageSource) Find(_ context.Context, f detect.Facts, flavor string) (De
 func (s *imageSource) compileOptions(f detect.Facts, flavor string) (compile.Options, error) {
 	o := compile.Options{
 		HostRoot: s.roots.HostRoot, KernelRelease: f.KernelRelease, Banner: f.Banner, DriverVersion: s.version,
-		Flatcar: f.Flatcar, SourceDir: s.srcDir(flavor), ProcDir: s.roots.Proc, Runner: s.buildRunner, Log: s.log,
+		Flatcar: f.Flatcar, SourceDir: s.srcDir(flavor), ProcDir: s.roots.Proc, SysDir: s.roots.Sys, Runner: s.buildRunner, Log: s.log,
 	}
 	if c := s.cfg; c != nil {
 		o.KernelBuildTree, o.Jobs, o.CC = c.KernelBuildTree, c.MaxThreads, c.CC

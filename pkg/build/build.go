@@ -124,10 +124,12 @@ type Options struct {
 	// skips the comparison.
 	Banner string
 	// Jobs is the number of parallel make jobs (MAX_THREADS); 0 means
-	// DefaultJobs(ProcDir).
+	// DefaultJobs(ProcDir, SysDir).
 	Jobs int
 	// ProcDir is procfs, read for the default number of jobs; "" means /proc.
 	ProcDir string
+	// SysDir is sysfs, read for the container's memory limit; "" means /sys.
+	SysDir string
 	// CC is the C compiler, a name looked up in PATH or a path. Empty means
 	// CC from Env, else "gcc" (what kbuild uses by default). It is passed
 	// to make as CC=<path>.
@@ -391,11 +393,14 @@ func newBuilder(o Options) (*builder, error) {
 	}
 	b.jobs = o.Jobs
 	if b.jobs == 0 {
-		proc := o.ProcDir
+		proc, sys := o.ProcDir, o.SysDir
 		if proc == "" {
 			proc = "/proc"
 		}
-		b.jobs = DefaultJobs(proc)
+		if sys == "" {
+			sys = "/sys"
+		}
+		b.jobs = DefaultJobs(proc, sys)
 	}
 	return b, nil
 }

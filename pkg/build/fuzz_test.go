@@ -55,6 +55,21 @@ func FuzzParseMemTotal(f *testing.F) {
 	})
 }
 
+func FuzzParseMemoryLimit(f *testing.F) {
+	f.Add("4294967296\n")
+	f.Add("max\n")
+	f.Add("9223372036854771712")
+	f.Fuzz(func(t *testing.T, s string) {
+		n, ok := build.ParseMemoryLimit(s)
+		if ok != (n != 0) {
+			t.Fatalf("ParseMemoryLimit(%q) = %d, %v", s, n, ok)
+		}
+		if j := build.JobsFor(4, n); j < 1 || j > 4 {
+			t.Fatalf("JobsFor(4, %d) = %d", n, j)
+		}
+	})
+}
+
 func FuzzParseUTSRelease(f *testing.F) {
 	f.Add("#define UTS_RELEASE \"6.1.0-57-amd64\"\n")
 	f.Add("#define UTS_RELEASE \"\\\"\"\n")

@@ -19,16 +19,40 @@ const memoryPerJob = 3 << 29 // 1.5 GiB
 const maxJobs = 1024
 
 // DefaultJobs returns the number of parallel build jobs used when none is
-// given (MAX_THREADS unset): the CPUs this process may run on, but no more
-// than one job per 1.5 GiB of memory (MemTotal in procDir/meminfo), and at
-// least one. When meminfo cannot be read the CPU count alone decides.
-func DefaultJobs(procDir string) int {
+// given (MAX_THREADS unset): the CPUs this process may use (GOMAXPROCS, which
+// follows the container's CPU limit), but no more than one job per 1.5 GiB of
+// memory, and at least one. The memory is MemTotal in procDir/meminfo or the
+// container's memory limit in sysDir/fs/cgroup (cgroup v2 memory.max, v1
+// memory.limit_in_bytes), whichever is lower: a pod limited to 4 GiB on a
+// 64-core node must not start 64 compilers. When neither can be read the CPUs
+// alone decide.
+func DefaultJobs(procDir, sysDir string) int {
 	var mem uint64
 	if f, err := os.Open(filepath.Join(procDir, "meminfo")); err == nil {
 		mem, _ = ParseMemTotal(io.LimitReader(f, 64<<10))
 		f.Close()
 	}
-	return JobsFor(runtime.NumCPU(), mem)
+	for _, limit := range []string{"fs/cgroup/memory.max", "fs/cgroup/memory/memory.limit_in_bytes"} {
+		b, err := os.ReadFile(filepath.Join(sysDir, limit))
+		if err != nil {
+			continue
+		}
+		if n, ok := ParseMemoryLimit(string(b)); ok && (mem == 0 || n < mem) {
+			mem = n
+		}
+		break
+	}
+	return JobsFor(runtime.GOMAXPROCS(0), mem)
+}
+
+// ParseMemoryLimit reads a cgroup memory limit file: a number of bytes, or
+// "max" (v2: no limit). ok is false for no limit or anything else.
+func ParseMemoryLimit(s string) (bytes uint64, ok bool) {
+	n, err := strconv.ParseUint(strings.TrimSpace(s), 10, 64)
+	if err != nil || n == 0 {
+		return 0, false
+	}
+	return n, true
 }
 
 // JobsFor returns min(cpus, memBytes/1.5 GiB), at least 1 and at most 1024;

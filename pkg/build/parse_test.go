@@ -92,15 +92,55 @@ func TestJobsFor(t *testing.T) {
 
 func TestDefaultJobs(t *testing.T) {
 	t.Parallel()
-	proc := t.TempDir()
-	if err := os.WriteFile(filepath.Join(proc, "meminfo"), []byte("MemTotal:        1610613 kB\nMemFree: 1 kB\n"), 0o644); err != nil {
-		t.Fatal(err)
+	cpus := min(runtime.GOMAXPROCS(0), 1024)
+	write := func(dir, name, data string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if got := build.DefaultJobs(proc); got != 1 { // 1.5 GiB + a little: one job whatever the CPUs
+	proc, sys := t.TempDir(), t.TempDir()
+	write(proc, "meminfo", "MemTotal:        1610613 kB\nMemFree: 1 kB\n")
+	if got := build.DefaultJobs(proc, sys); got != 1 { // 1.5 GiB + a little: one job whatever the CPUs
 		t.Errorf("DefaultJobs = %d, want 1", got)
 	}
-	if got, want := build.DefaultJobs(t.TempDir()), runtime.NumCPU(); got != min(want, 1024) {
-		t.Errorf("DefaultJobs without meminfo = %d, want the CPU count %d", got, want)
+	if got := build.DefaultJobs(t.TempDir(), t.TempDir()); got != cpus {
+		t.Errorf("DefaultJobs without meminfo = %d, want the CPU count %d", got, cpus)
+	}
+
+	// A container limited to 1.5 GiB on a large machine: one job, v2 or v1.
+	big := t.TempDir()
+	write(big, "meminfo", "MemTotal: 1073741824 kB\n") // 1 TiB
+	v2, v1 := t.TempDir(), t.TempDir()
+	write(v2, "fs/cgroup/memory.max", "1610612736\n")
+	write(v1, "fs/cgroup/memory/memory.limit_in_bytes", "1610612736\n")
+	for _, sys := range []string{v2, v1} {
+		if got := build.DefaultJobs(big, sys); got != 1 {
+			t.Errorf("DefaultJobs with a 1.5 GiB cgroup limit (%s) = %d, want 1", sys, got)
+		}
+	}
+	// No limit ("max", v1's huge number) leaves MemTotal to decide.
+	unlimited := t.TempDir()
+	write(unlimited, "fs/cgroup/memory.max", "max\n")
+	if got := build.DefaultJobs(big, unlimited); got != cpus {
+		t.Errorf("DefaultJobs with memory.max = max: %d, want %d", got, cpus)
+	}
+	write(v1, "fs/cgroup/memory/memory.limit_in_bytes", "9223372036854771712\n")
+	if got := build.DefaultJobs(big, v1); got != cpus {
+		t.Errorf("DefaultJobs with v1's unlimited value: %d, want %d", got, cpus)
+	}
+}
+
+func TestParseMemoryLimit(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]uint64{"4294967296\n": 4 << 30, "max\n": 0, "": 0, "0": 0, "-1": 0, "12 34": 0} {
+		got, ok := build.ParseMemoryLimit(in)
+		if got != want || ok != (want != 0) {
+			t.Errorf("ParseMemoryLimit(%q) = %d, %v; want %d", in, got, ok, want)
+		}
 	}
 }
 

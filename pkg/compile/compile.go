@@ -44,10 +44,11 @@ type Options struct {
 	// WorkDir is private to this run (it must not exist, or be empty); the download and the build
 	// go there, and the caller removes it.
 	WorkDir string
-	// Jobs, CC and ProcDir are passed to the build (see build.Options).
+	// Jobs, CC, ProcDir and SysDir are passed to the build (see build.Options).
 	Jobs    int
 	CC      string
 	ProcDir string
+	SysDir  string
 	// Runner runs every child process (patchelf, the helpers' checks, make, the compiler).
 	Runner host.Runner
 	// Log receives progress; nil discards it.
@@ -176,7 +177,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	res.LogFile = filepath.Join(o.WorkDir, "build.log")
 	res.Modules, err = build.Modules(ctx, build.Options{
 		SourceDir: o.SourceDir, BuildTree: t.Dir, KernelRelease: o.KernelRelease, Banner: o.Banner,
-		Jobs: o.Jobs, ProcDir: o.ProcDir, CC: o.CC, WorkDir: filepath.Join(o.WorkDir, "build"), LogFile: res.LogFile,
+		Jobs: o.Jobs, ProcDir: o.ProcDir, SysDir: o.SysDir, CC: o.CC, WorkDir: filepath.Join(o.WorkDir, "build"), LogFile: res.LogFile,
 		Runner: o.Runner, Log: log, Terminal: o.Terminal,
 	})
 	res.BuildTime = time.Since(start)

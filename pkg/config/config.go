@@ -249,7 +249,7 @@ func Options() []Option {
 		}},
 		{Flag: "gpu-direct-rdma", Env: "GPU_DIRECT_RDMA_ENABLED", Default: "false", Bool: true, Usage: "load nvidia-peermem when a Mellanox device exists", set: boolean(func(c *Config) *bool { return &c.RDMA })},
 		{Flag: "use-host-mofed", Env: "USE_HOST_MOFED", Default: "false", Bool: true, Usage: "MOFED is installed on the host rather than by the network operator", set: boolean(func(c *Config) *bool { return &c.HostMOFED })},
-		{Flag: "max-threads", Env: "MAX_THREADS", Usage: "parallel build jobs, 1-1024 (default: from CPUs and memory)", set: func(c *Config, v string) error {
+		{Flag: "max-threads", Env: "MAX_THREADS", Usage: "parallel build jobs, 1-1024 (default: the CPUs the container may use, at most one job per 1.5 GiB of memory or of the container's memory limit)", set: func(c *Config, v string) error {
 			if v == "" {
 				return nil
 			}
