@@ -179,7 +179,11 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	tdErr := r.teardown()
 	if tdErr != nil {
 		r.update(func(s *status.Status) { s.LastError = errors.Join(runErr, tdErr).Error() })
-		r.setPhase(PhaseTeardown) // keep the status file for people to read
+	}
+	if runErr != nil || tdErr != nil {
+		// Keep the status file with the error, the only thing a failed run leaves: `driver-agent
+		// status` shows it, and the next start reports how this one ended.
+		r.setPhase(PhaseTeardown)
 	}
 	return errors.Join(runErr, tdErr)
 }

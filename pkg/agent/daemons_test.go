@@ -18,6 +18,7 @@ import (
 	"github.com/driver-agent/driver-agent/pkg/exitcode"
 	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
+	"github.com/driver-agent/driver-agent/pkg/status"
 )
 
 // fakeForkingDaemon behaves like nvidia-gridd and nvidia-topologyd: it logs how it was started
@@ -352,6 +353,12 @@ func TestFabricFailureIsNotReady(t *testing.T) {
 			if last := files.last("status.json"); !strings.Contains(last, c.status) {
 				t.Errorf("the last status.json written lacks %s:\n%s", c.status, last)
 			}
+			// The failed run leaves only status.json, with its error, for `driver-agent status`
+			// and for the next start's previous-shutdown figure.
+			if got := previousShutdown(status.Paths{Run: w.roots.Run}); got != "error" {
+				t.Errorf("the next start would see the previous shutdown as %q, want error; status.json:\n%s", got, w.read(t, "run/nvidia/driver-agent/status.json"))
+			}
+			os.Remove(w.roots.InRun("nvidia/driver-agent/status.json"))
 			w.assertClean(t)
 		})
 	}

@@ -55,8 +55,8 @@ func (r *run) Snapshot() metrics.Snapshot {
 	return s
 }
 
-// previousShutdown says how the last agent on this node ended: a clean teardown removes
-// status.json, a failed one leaves it with its error.
+// previousShutdown says how the last agent on this node ended: a clean stop removes
+// status.json; a failed init or teardown leaves it with its error.
 func previousShutdown(p status.Paths) string {
 	prev, err := status.Read(p)
 	switch {
