@@ -51,6 +51,9 @@ type Agent struct {
 	Recorder *host.Recorder
 	// Out receives the dry-run plan.
 	Out io.Writer
+	// Terminal, when set (stderr is an interactive terminal), gets the compile path's download
+	// and build progress bars.
+	Terminal io.Writer
 	// BeforePhase, when set, is called as each phase starts (tests use it to interrupt a phase).
 	BeforePhase func(phase string)
 	// Now is the clock; nil means time.Now.

@@ -483,7 +483,7 @@ func TestNoPackageMeansNoInstallPath(t *testing.T) {
 func TestCompilePathDownloadFailures(t *testing.T) {
 	stall := make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.Contains(r.URL.Path, "/stall/") {
+		if strings.Contains(r.URL.Path, "/stall/") && strings.HasSuffix(r.URL.Path, ".tar.gz") { // no DIGESTS: insecure mode goes on
 			w.WriteHeader(http.StatusOK)
 			w.(http.Flusher).Flush()
 			select {
@@ -509,11 +509,12 @@ func TestCompilePathDownloadFailures(t *testing.T) {
 
 	a = w.agent(t, "--flatcar-release-url", srv.URL+"/stall/{version}/", "--insecure-skip-verify")
 	a.Source = nil
+	term := &lockedBuffer{}
+	a.Terminal = term // as when stderr is a terminal: the download draws its bar there
 	cancel, done := startAgent(a)
-	waitFor(t, "the download", func() bool {
-		return strings.Contains(w.read(t, "run/nvidia/driver-agent/status.json"), `"phase": "prepare"`)
+	waitFor(t, "the download's progress bar on the terminal", func() bool {
+		return strings.Contains(term.String(), "\r0.0 MiB")
 	}, done)
-	time.Sleep(100 * time.Millisecond)
 	cancel()
 	select {
 	case err := <-done:
@@ -527,6 +528,24 @@ func TestCompilePathDownloadFailures(t *testing.T) {
 		t.Errorf("kernel calls %v", calls)
 	}
 	w.assertClean(t)
+}
+
+// lockedBuffer is a bytes.Buffer safe for a writer and a reader in different goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // writePackage puts a precompiled package of complete stand-in modules (type-1 records, so no

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -71,6 +72,7 @@ type imageSource struct {
 	}
 	buildRunner host.Runner    // runs the compile path's children; nil means os/exec
 	cfg         *config.Config // the compile path's settings
+	terminal    io.Writer      // progress bars, when stderr is a terminal
 	entry       *cache.Entry   // the entry Find verified, used by Prepare
 	compile     compile.Options
 	compileErr  error // why the compile path cannot work, found by Find
@@ -167,6 +169,7 @@ func (s *imageSource) compileOptions(f detect.Facts, flavor string) (compile.Opt
 	o := compile.Options{
 		HostRoot: s.roots.HostRoot, KernelRelease: f.KernelRelease, Banner: f.Banner, DriverVersion: s.version,
 		Flatcar: f.Flatcar, SourceDir: s.srcDir(flavor), ProcDir: s.roots.Proc, SysDir: s.roots.Sys, Runner: s.buildRunner, Log: s.log,
+		Terminal: s.terminal,
 	}
 	if c := s.cfg; c != nil {
 		o.KernelBuildTree, o.Jobs, o.CC = c.KernelBuildTree, c.MaxThreads, c.CC

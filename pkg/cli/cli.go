@@ -167,7 +167,7 @@ func runInit(ctx context.Context, prog string, args, environ []string, stdout, s
 			"host_root", cfg.HostRoot, "fallback", cfg.HostRootFallback, "error", err)
 		cfg.HostRoot = cfg.HostRootFallback
 	}
-	a := &agent.Agent{Config: cfg, Log: log, Out: stdout, Version: version}
+	a := &agent.Agent{Config: cfg, Log: log, Out: stdout, Terminal: terminal(stderr), Version: version}
 	if cfg.DryRun {
 		a.Recorder = &host.Recorder{}
 		a.Host = host.DryRun(cfg.Roots, a.Recorder)
