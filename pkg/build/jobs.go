@@ -46,7 +46,8 @@ func DefaultJobs(procDir, sysDir string) int {
 }
 
 // ParseMemoryLimit reads a cgroup memory limit file: a number of bytes, or
-// "max" (v2: no limit). ok is false for no limit or anything else.
+// "max" (v2's "no limit"; v1 writes a huge number instead, which MemTotal then
+// undercuts). ok is false for "max", zero and anything malformed.
 func ParseMemoryLimit(s string) (bytes uint64, ok bool) {
 	n, err := strconv.ParseUint(strings.TrimSpace(s), 10, 64)
 	if err != nil || n == 0 {
