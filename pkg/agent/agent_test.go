@@ -25,6 +25,7 @@ import (
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 
+	"github.com/driver-agent/driver-agent/pkg/build/buildtest"
 	"github.com/driver-agent/driver-agent/pkg/config"
 	"github.com/driver-agent/driver-agent/pkg/daemon"
 	"github.com/driver-agent/driver-agent/pkg/detect"
@@ -523,6 +524,80 @@ func TestCompilePathDownloadFailures(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("SIGTERM during the download did not end the run")
+	}
+	if calls := w.kernel.Calls(); len(calls) != 0 {
+		t.Errorf("kernel calls %v", calls)
+	}
+	w.assertClean(t)
+}
+
+// SIGTERM while NVIDIA's make runs (a real kbuild of the stand-in sources against Debian's
+// headers, given with --kernel-build-tree, and a compiler that hangs on one file): the build's
+// whole process group is killed, the work dir removed, nothing loaded, and the node left as it was.
+func TestCompilePathSIGTERMDuringBuild(t *testing.T) {
+	release, tree, err := buildtest.Headers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	banner, err := buildtest.Banner(tree)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := newWorld(t)
+	// The running kernel is the one the headers are for.
+	os.WriteFile(w.roots.InProc("version"), []byte(banner+"\n"), 0o644)
+	os.WriteFile(w.roots.InProc("sys/kernel/osrelease"), []byte(release+"\n"), 0o644)
+	src := w.roots.InRoot("usr/src/nvidia-"+testVersion, "kernel")
+	os.MkdirAll(filepath.Dir(src), 0o755)
+	if err := buildtest.WriteSource(context.Background(), src, tree); err != nil {
+		t.Fatal(err)
+	}
+	tools := t.TempDir()
+	hanging := filepath.Join(tools, "hanging")
+	cc := filepath.Join(tools, "gcc")
+	script := fmt.Sprintf("#!/bin/sh\nfor a in \"$@\"; do case \"$a\" in *uvm_ats.c) touch %s; sleep 600;; esac; done\nexec gcc \"$@\"\n", hanging)
+	if err := os.WriteFile(cc, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	work := t.TempDir()
+	w.before = files(hosttest.Snapshot(t, w.dir))
+
+	a := w.agent(t, "--kernel-build-tree", tree, "--cc", cc, "--work-dir", work)
+	a.Source = nil
+	cancel, done := startAgent(a)
+	defer cancel()
+	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(hanging); err == nil {
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("the agent stopped before the build reached the hanging compiler: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the build did not reach the hanging compiler in 5 minutes")
+		}
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run after SIGTERM during the build = %v, want nil", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("SIGTERM during the build did not end the run")
+	}
+	// No process of the build is left: none runs the compiler wrapper or in the work dir.
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		cmdline, _ := os.ReadFile(p)
+		if args := string(bytes.ReplaceAll(cmdline, []byte{0}, []byte{' '})); strings.Contains(args, tools) || strings.Contains(args, work) {
+			t.Errorf("%s is still running: %s", filepath.Dir(p), args)
+		}
+	}
+	if left, _ := os.ReadDir(work); len(left) != 0 {
+		t.Errorf("the work dir keeps %v", left)
 	}
 	if calls := w.kernel.Calls(); len(calls) != 0 {
 		t.Errorf("kernel calls %v", calls)
