@@ -51,6 +51,8 @@ func (s fakeSource) Find(context.Context, detect.Facts, string) (Decision, error
 
 // Prepare writes stand-in module files (ELF objects with a .modinfo) and returns them, deliberately
 // not in dependency order: the agent orders them by depends=.
+func (fakeSource) Wait() {}
+
 func (s fakeSource) Prepare(_ context.Context, d Decision, _ string) ([]host.ModuleImage, error) {
 	dir := s.dir
 	depends := map[string]string{"nvidia": "", "nvidia_uvm": "nvidia", "nvidia_modeset": "nvidia", "nvidia_peermem": "nvidia", "nvidia_drm": "nvidia_modeset"}
@@ -669,6 +671,9 @@ func TestPrecompiledThenCached(t *testing.T) {
 		cancel, done := startAgent(a)
 		defer cancel()
 		w.waitReady(t, done)
+		if entries, _ := filepath.Glob(filepath.Join(cacheDir, "*", "manifest.json")); len(entries) != 1 {
+			t.Errorf("cache entries at Ready: %v, want one (Ready waits for the store)", entries)
+		}
 		at := <-addr
 		k := &phaseKernel{t: t, addr: func() string { return at }}
 		m := k.scrape()["/metrics"]

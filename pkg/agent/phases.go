@@ -191,7 +191,10 @@ func (r *run) prepare(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("work dir: %w", err)
 	}
-	r.push(PhasePrepare, func(context.Context) error { return os.RemoveAll(workDir) })
+	r.push(PhasePrepare, func(context.Context) error {
+		r.source().Wait() // a cache store still reading the work dir
+		return os.RemoveAll(workDir)
+	})
 	images, err := r.source().Prepare(ctx, r.decision, workDir)
 	if err != nil {
 		return err
@@ -712,6 +715,7 @@ func isOctal(s string) bool {
 }
 
 func (r *run) ready(context.Context) error {
+	r.source().Wait() // the new modules are in the host cache before the node is Ready
 	if r.decision.Path != PathHost {
 		if err := r.st.StoreDigest(r.cfg.ConfigDigest); err != nil {
 			return err

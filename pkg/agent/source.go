@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/driver-agent/driver-agent/pkg/cache"
 	"github.com/driver-agent/driver-agent/pkg/compile"
@@ -54,6 +55,10 @@ type Source interface {
 	// Prepare produces the files of d.Modules, using workDir (private, removed at teardown) for
 	// anything it has to write; the agent orders them by their depends=.
 	Prepare(ctx context.Context, d Decision, workDir string) ([]host.ModuleImage, error)
+	// Wait returns once what Prepare left running in the background (storing new modules in
+	// the host cache while the agent loads them) has ended. The agent calls it before it writes
+	// Ready, so that a Ready node's cache holds its modules, and before it removes workDir.
+	Wait()
 }
 
 // imageSource is the default Source: the host cache, then NVIDIA's precompiled packages shipped
@@ -75,7 +80,8 @@ type imageSource struct {
 	terminal    io.Writer      // progress bars, when stderr is a terminal
 	entry       *cache.Entry   // the entry Find verified, used by Prepare
 	compile     compile.Options
-	compileErr  error // why the compile path cannot work, found by Find
+	compileErr  error         // why the compile path cannot work, found by Find
+	storing     chan struct{} // closed when the background cache store has ended
 
 	mu    sync.Mutex
 	stats SourceStats
@@ -214,7 +220,8 @@ func (s *imageSource) compileModules(ctx context.Context, d Decision, workDir st
 	if err != nil {
 		return nil, classifyCompile(err)
 	}
-	return pick(s.store(s.compileKey(d.Flavor), res.Modules), d)
+	s.storeInBackground(s.compileKey(d.Flavor), res.Modules)
+	return pick(res.Modules, d)
 }
 
 // classifyCompile gives a compile-path error its exit code: no way to get a build tree, a failed
@@ -232,23 +239,37 @@ func classifyCompile(err error) error {
 	return fmt.Errorf("%w: %w", exitcode.ErrBuild, err)
 }
 
-// store puts freshly made modules in the cache and returns the cached copies, or the modules as
-// they are when the cache is off or fails.
-func (s *imageSource) store(key cache.Key, mods []link.Module) []link.Module {
+// storeInBackground puts freshly made modules in the host cache while the agent loads them from
+// the work dir (on a node the two overlap: nvidia takes seconds to initialise its GPUs). Wait
+// waits for it. A failed store is a warning: the next start makes the modules again.
+func (s *imageSource) storeInBackground(key cache.Key, mods []link.Module) {
 	if s.cacheDir == "" {
-		return mods
+		return
 	}
-	entry, err := cache.Store(s.cacheDir, key, mods)
-	if err != nil {
-		s.log.Warn("could not store the modules in the cache; the next start makes them again", "dir", s.cacheDir, "error", err)
-		return mods
+	done := make(chan struct{})
+	s.storing = done
+	go func() {
+		defer close(done)
+		start := time.Now()
+		entry, err := cache.Store(s.cacheDir, key, mods)
+		if err != nil {
+			s.log.Warn("could not store the modules in the cache; the next start makes them again", "dir", s.cacheDir, "error", err)
+			return
+		}
+		s.log.Info("stored the modules in the host cache", "entry", entry.Dir, "seconds", time.Since(start).Seconds())
+		if removed, err := cache.Prune(s.cacheDir, s.maxEntries); err != nil {
+			s.log.Warn("could not prune the module cache", "error", err)
+		} else if len(removed) > 0 {
+			s.log.Info("pruned the module cache", "removed", removed)
+		}
+	}()
+}
+
+// Wait implements Source.
+func (s *imageSource) Wait() {
+	if s.storing != nil {
+		<-s.storing
 	}
-	if removed, err := cache.Prune(s.cacheDir, s.maxEntries); err != nil {
-		s.log.Warn("could not prune the module cache", "error", err)
-	} else if len(removed) > 0 {
-		s.log.Info("pruned the module cache", "removed", removed)
-	}
-	return entry.Modules
 }
 
 // Prepare implements Source.
@@ -271,7 +292,8 @@ func (s *imageSource) Prepare(ctx context.Context, d Decision, workDir string) (
 		if err != nil {
 			return nil, fmt.Errorf("%w: link %s: %w", exitcode.ErrModuleLoad, filepath.Base(d.Package), err)
 		}
-		return pick(s.store(s.key(d.Flavor), mods), d)
+		s.storeInBackground(s.key(d.Flavor), mods)
+		return pick(mods, d)
 	case PathCompile:
 		return s.compileModules(ctx, d, workDir)
 	}

@@ -650,6 +650,7 @@ var (
 	ldLine    = regexp.MustCompile(`^VMTEST-LD (\S+) ([0-9.]+) ([0-9.]+) (\d+) `)
 	logLine   = regexp.MustCompile(`^VMTEST-LOG (\S+) time=(\S+) .*?msg=("[^"]*"|\S+)(.*)$`)
 	phaseAttr = regexp.MustCompile(` phase=(\S+) result=\S+ duration=(\S+)`)
+	storeAttr = regexp.MustCompile(` seconds=([0-9.e+-]+)`)
 )
 
 // agentTimes is what one scenario's agent log and ld calls say about its timing.
@@ -658,6 +659,7 @@ type agentTimes struct {
 	ld               []float64 // the ld calls' durations (s), in order
 	phases           []string  // "name duration" of each finished phase, in order
 	phase            map[string]time.Duration
+	store            string // the cache store's duration, from its record
 }
 
 // guestFigures prints the guest's timings: for the precompiled path the link, from the agent's
@@ -692,6 +694,12 @@ func (nv *nvidiaRun) guestFigures(t *testing.T, res bootResult) {
 			at.relink = ts
 		case "linking kernel module":
 			at.lastLink = ts
+		case "stored the modules in the host cache":
+			if a := storeAttr.FindStringSubmatch(m[4]); a != nil {
+				if sec, err := strconv.ParseFloat(a[1], 64); err == nil {
+					at.store = time.Duration(sec * float64(time.Second)).Round(10 * time.Millisecond).String()
+				}
+			}
 		case "phase finished":
 			if p := phaseAttr.FindStringSubmatch(m[4]); p != nil {
 				if d, err := time.ParseDuration(p[2]); err == nil {
@@ -706,8 +714,8 @@ func (nv *nvidiaRun) guestFigures(t *testing.T, res bootResult) {
 		t.Errorf("the precompiled scenario's log has no Relinking and linking records, or not two ld calls, to time the link by")
 	} else {
 		link := p.lastLink.Sub(p.relink) + time.Duration(p.ld[1]*float64(time.Second))
-		nv.timing("guest link (precompiled path): %s from the agent's Relinking record to the end of its last ld (ld -d -r: nvidia.ko %.2fs, nvidia-modeset.ko %.2fs); its prepare phase, which also stores the linked modules in the cache, %s",
-			link.Round(10*time.Millisecond), p.ld[0], p.ld[1], p.phase["prepare"].Round(10*time.Millisecond))
+		nv.timing("guest link (precompiled path): %s from the agent's Relinking record to the end of its last ld (ld -d -r: nvidia.ko %.2fs, nvidia-modeset.ko %.2fs); its prepare phase %s; storing the linked modules in the cache, alongside the load, %s",
+			link.Round(10*time.Millisecond), p.ld[0], p.ld[1], p.phase["prepare"].Round(10*time.Millisecond), cmp.Or(p.store, "(no record)"))
 	}
 	for _, sc := range []string{"nvidia-precompiled", "nvidia-cached", "nvidia-open-cached"} {
 		if at := times[sc]; at != nil {
