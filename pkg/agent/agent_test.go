@@ -51,7 +51,7 @@ func (s fakeSource) Find(context.Context, detect.Facts, string) (Decision, error
 
 // Prepare writes stand-in module files (ELF objects with a .modinfo) and returns them, deliberately
 // not in dependency order: the agent orders them by depends=.
-func (fakeSource) Wait() {}
+func (fakeSource) Wait(context.Context) error { return nil }
 
 func (s fakeSource) Prepare(_ context.Context, d Decision, _ string) ([]host.ModuleImage, error) {
 	dir := s.dir
@@ -605,6 +605,43 @@ func TestCompilePathSIGTERMDuringBuild(t *testing.T) {
 		t.Errorf("kernel calls %v", calls)
 	}
 	w.assertClean(t)
+}
+
+// slowStoreSource is a fakeSource whose background cache store does not end.
+type slowStoreSource struct{ fakeSource }
+
+func (slowStoreSource) Wait(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }
+
+// Ready waits for the cache store; a store still running at the teardown's deadline leaves the
+// work dir and says so instead of holding the teardown past it.
+func TestCacheStoreHoldsReadyNotTeardown(t *testing.T) {
+	w := newWorld(t)
+	work := t.TempDir()
+	a := w.agent(t, "--work-dir", work)
+	a.Source = slowStoreSource{fakeSource{dir: t.TempDir()}}
+	cancel, done := startAgent(a)
+	waitFor(t, "the ready phase", func() bool {
+		return strings.Contains(w.read(t, "run/nvidia/driver-agent/status.json"), `"phase": "ready"`)
+	}, done)
+	time.Sleep(50 * time.Millisecond)
+	if got := w.read(t, "run/nvidia/validations/.driver-daemons-status"); got != "NotReady" {
+		t.Fatalf("the operator's file says %q while the store runs, want NotReady", got)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "work dir "+work) {
+			t.Fatalf("Run = %v, want the work dir left at the deadline", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the teardown waited for the store past its 2s deadline")
+	}
+	if l := w.kernel.Loaded(); len(l) != 0 {
+		t.Errorf("modules still loaded: %v", l)
+	}
+	if m := w.mounter.Mounted(); len(m) != 0 {
+		t.Errorf("still mounted: %v", m)
+	}
 }
 
 // lockedBuffer is a bytes.Buffer safe for a writer and a reader in different goroutines.

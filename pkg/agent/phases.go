@@ -191,8 +191,12 @@ func (r *run) prepare(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("work dir: %w", err)
 	}
-	r.push(PhasePrepare, func(context.Context) error {
-		r.source().Wait() // a cache store still reading the work dir
+	r.push(PhasePrepare, func(ctx context.Context) error {
+		// A cache store may still read the work dir; at the teardown's deadline the dir is left
+		// (in the container's filesystem, or removed by the next start under --work-dir).
+		if err := r.source().Wait(ctx); err != nil {
+			return fmt.Errorf("work dir %s left: %w", workDir, err)
+		}
 		return os.RemoveAll(workDir)
 	})
 	images, err := r.source().Prepare(ctx, r.decision, workDir)
@@ -714,8 +718,10 @@ func isOctal(s string) bool {
 	return true
 }
 
-func (r *run) ready(context.Context) error {
-	r.source().Wait() // the new modules are in the host cache before the node is Ready
+func (r *run) ready(ctx context.Context) error {
+	if err := r.source().Wait(ctx); err != nil { // a Ready node's cache holds its modules
+		return err
+	}
 	if r.decision.Path != PathHost {
 		if err := r.st.StoreDigest(r.cfg.ConfigDigest); err != nil {
 			return err

@@ -56,9 +56,10 @@ type Source interface {
 	// anything it has to write; the agent orders them by their depends=.
 	Prepare(ctx context.Context, d Decision, workDir string) ([]host.ModuleImage, error)
 	// Wait returns once what Prepare left running in the background (storing new modules in
-	// the host cache while the agent loads them) has ended. The agent calls it before it writes
-	// Ready, so that a Ready node's cache holds its modules, and before it removes workDir.
-	Wait()
+	// the host cache while the agent loads them) has ended, or with ctx's error when ctx ends
+	// first. The agent calls it before it writes Ready, so that a Ready node's cache holds its
+	// modules, and before it removes workDir.
+	Wait(ctx context.Context) error
 }
 
 // imageSource is the default Source: the host cache, then NVIDIA's precompiled packages shipped
@@ -266,9 +267,15 @@ func (s *imageSource) storeInBackground(key cache.Key, mods []link.Module) {
 }
 
 // Wait implements Source.
-func (s *imageSource) Wait() {
-	if s.storing != nil {
-		<-s.storing
+func (s *imageSource) Wait(ctx context.Context) error {
+	if s.storing == nil {
+		return nil
+	}
+	select {
+	case <-s.storing:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("storing the modules in the host cache: %w", ctx.Err())
 	}
 }
 
