@@ -51,8 +51,6 @@ func (s fakeSource) Find(context.Context, detect.Facts, string) (Decision, error
 
 // Prepare writes stand-in module files (ELF objects with a .modinfo) and returns them, deliberately
 // not in dependency order: the agent orders them by depends=.
-func (fakeSource) Wait(context.Context) error { return nil }
-
 func (s fakeSource) Prepare(_ context.Context, d Decision, _ string) ([]host.ModuleImage, error) {
 	dir := s.dir
 	depends := map[string]string{"nvidia": "", "nvidia_uvm": "nvidia", "nvidia_modeset": "nvidia", "nvidia_peermem": "nvidia", "nvidia_drm": "nvidia_modeset"}
@@ -68,6 +66,9 @@ func (s fakeSource) Prepare(_ context.Context, d Decision, _ string) ([]host.Mod
 	}
 	return images, nil
 }
+
+// Wait has nothing to wait for: Prepare leaves nothing running.
+func (fakeSource) Wait(context.Context) error { return nil }
 
 type world struct {
 	dir       string
