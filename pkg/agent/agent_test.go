@@ -534,10 +534,12 @@ func TestCompilePathDownloadFailures(t *testing.T) {
 	w.assertClean(t)
 }
 
-// SIGTERM while NVIDIA's make runs (a real kbuild of the stand-in sources against Debian's
-// headers, given with --kernel-build-tree, and a compiler that hangs on one file): the build's
-// whole process group is killed, the work dir removed, nothing loaded, and the node left as it was.
-func TestCompilePathSIGTERMDuringBuild(t *testing.T) {
+// compileWorld is a world whose running kernel is the one Debian's installed headers are for,
+// with the stand-in NVIDIA sources in the image and no precompiled package: init takes the compile
+// path with a real kbuild, the headers given as --kernel-build-tree and the compiler a shell
+// script (in tools) that runs ccScript before gcc. work is the agent's --work-dir.
+func compileWorld(t *testing.T, ccScript string) (w *world, args []string, tools, work string) {
+	t.Helper()
 	release, tree, err := buildtest.Headers()
 	if err != nil {
 		t.Fatal(err)
@@ -546,8 +548,7 @@ func TestCompilePathSIGTERMDuringBuild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := newWorld(t)
-	// The running kernel is the one the headers are for.
+	w = newWorld(t)
 	os.WriteFile(w.roots.InProc("version"), []byte(banner+"\n"), 0o644)
 	os.WriteFile(w.roots.InProc("sys/kernel/osrelease"), []byte(release+"\n"), 0o644)
 	src := w.roots.InRoot("usr/src/nvidia-"+testVersion, "kernel")
@@ -555,17 +556,21 @@ func TestCompilePathSIGTERMDuringBuild(t *testing.T) {
 	if err := buildtest.WriteSource(context.Background(), src, tree); err != nil {
 		t.Fatal(err)
 	}
-	tools := t.TempDir()
-	hanging := filepath.Join(tools, "hanging")
+	tools, work = t.TempDir(), t.TempDir()
 	cc := filepath.Join(tools, "gcc")
-	script := fmt.Sprintf("#!/bin/sh\nfor a in \"$@\"; do case \"$a\" in *uvm_ats.c) touch %s; sleep 600;; esac; done\nexec gcc \"$@\"\n", hanging)
-	if err := os.WriteFile(cc, []byte(script), 0o755); err != nil {
+	if err := os.WriteFile(cc, []byte("#!/bin/sh\n"+ccScript+"\nexec gcc \"$@\"\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	work := t.TempDir()
 	w.before = files(hosttest.Snapshot(t, w.dir))
+	return w, []string{"--kernel-build-tree", tree, "--cc", cc, "--work-dir", work}, tools, work
+}
 
-	a := w.agent(t, "--kernel-build-tree", tree, "--cc", cc, "--work-dir", work)
+// SIGTERM while NVIDIA's make runs (the compiler hangs on one file): the build's whole process
+// group is killed, the work dir removed, nothing loaded, and the node left as it was.
+func TestCompilePathSIGTERMDuringBuild(t *testing.T) {
+	hanging := filepath.Join(t.TempDir(), "hanging")
+	w, args, tools, work := compileWorld(t, fmt.Sprintf(`for a in "$@"; do case "$a" in *uvm_ats.c) touch %s; sleep 600;; esac; done`, hanging))
+	a := w.agent(t, args...)
 	a.Source = nil
 	cancel, done := startAgent(a)
 	defer cancel()
@@ -605,6 +610,40 @@ func TestCompilePathSIGTERMDuringBuild(t *testing.T) {
 	if calls := w.kernel.Calls(); len(calls) != 0 {
 		t.Errorf("kernel calls %v", calls)
 	}
+	w.assertClean(t)
+}
+
+// A failed build: exit code 7, the error leads with the compiler's first error and names the
+// build log, which outlives the work dir next to status.json; nothing loaded, nothing else left.
+func TestCompilePathBuildFailure(t *testing.T) {
+	w, args, _, work := compileWorld(t, `for a in "$@"; do case "$a" in *uvm_ats.c) echo "$a:1:1: error: stand-in compiler failure" >&2; exit 1;; esac; done`)
+	a := w.agent(t, args...)
+	a.Source = nil
+	err := a.Run(context.Background())
+	kept := w.roots.InRun("nvidia/driver-agent/build-failed.log")
+	if !errors.Is(err, exitcode.ErrBuild) || exitcode.Code(err) != 7 {
+		t.Fatalf("Run = %v, want the build failure code 7", err)
+	}
+	msg := err.Error()
+	if !regexp.MustCompile(`the first errors:\n\S*uvm_ats\.c:1:1: error: stand-in compiler failure\n; the full log is ` + regexp.QuoteMeta(kept)).MatchString(msg) {
+		t.Errorf("error does not lead with the compiler's error and name the kept log:\n%s", msg)
+	}
+	if log, err := os.ReadFile(kept); err != nil || !strings.Contains(string(log), "stand-in compiler failure") {
+		t.Errorf("kept build log: %v\n%s", err, log)
+	}
+	if left, _ := os.ReadDir(work); len(left) != 0 {
+		t.Errorf("the work dir keeps %v", left)
+	}
+	if calls := w.kernel.Calls(); len(calls) != 0 {
+		t.Errorf("kernel calls %v", calls)
+	}
+	// What a failed run keeps: status.json with the error, and the log. The next build removes it.
+	st := w.read(t, "run/nvidia/driver-agent/status.json")
+	if !strings.Contains(st, "stand-in compiler failure") {
+		t.Errorf("status.json does not carry the error: %s", st)
+	}
+	os.Remove(w.roots.InRun("nvidia/driver-agent/status.json"))
+	os.Remove(kept)
 	w.assertClean(t)
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/driver-agent/driver-agent/pkg/build"
 	"github.com/driver-agent/driver-agent/pkg/cache"
 	"github.com/driver-agent/driver-agent/pkg/compile"
 	"github.com/driver-agent/driver-agent/pkg/config"
@@ -212,6 +214,9 @@ func (s *imageSource) compileModules(ctx context.Context, d Decision, workDir st
 	}
 	o := s.compile
 	o.WorkDir = filepath.Join(workDir, "compile")
+	if err := os.Remove(s.failedBuildLog()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		s.log.Warn("could not remove an earlier build's log", "error", err)
+	}
 	res, err := compile.Run(ctx, o)
 	s.count(func(st *SourceStats) {
 		st.DownloadBytes += res.Downloaded
@@ -219,10 +224,31 @@ func (s *imageSource) compileModules(ctx context.Context, d Decision, workDir st
 		st.BuildSeconds += res.BuildTime.Seconds()
 	})
 	if err != nil {
-		return nil, classifyCompile(err)
+		return nil, classifyCompile(s.keepBuildLog(err))
 	}
 	s.storeInBackground(s.compileKey(d.Flavor), res.Modules)
 	return pick(res.Modules, d)
+}
+
+// failedBuildLog is where the log of a failed build is kept: next to status.json, which a failed
+// run keeps too. The next build on the node replaces or removes it.
+func (s *imageSource) failedBuildLog() string {
+	return s.roots.InRun("nvidia/driver-agent/build-failed.log")
+}
+
+// keepBuildLog copies the log of a failed build out of the work dir, which the teardown removes,
+// and makes the error name the copy.
+func (s *imageSource) keepBuildLog(err error) error {
+	var be *build.Error
+	if !errors.As(err, &be) {
+		return err
+	}
+	if cerr := copyFile(be.Log, s.failedBuildLog()); cerr != nil {
+		s.log.Warn("could not keep the failed build's log; it goes with the work dir", "log", be.Log, "error", cerr)
+		return err
+	}
+	be.Log = s.failedBuildLog()
+	return err
 }
 
 // classifyCompile gives a compile-path error its exit code: no way to get a build tree, a failed

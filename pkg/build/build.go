@@ -24,6 +24,7 @@
 package build
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -69,20 +70,27 @@ var (
 // log and its last lines. errors.Is matches both Kind and the underlying
 // error.
 type Error struct {
-	Kind error    // ErrBuild or ErrNoSpace
-	Log  string   // the build log's path
-	Tail []string // its last lines (at most TailLines)
-	Err  error    // what the runner returned
+	Kind   error    // ErrBuild or ErrNoSpace
+	Log    string   // the build log's path
+	Errors []string // its first distinct "error:" lines (at most ErrorLines): usually the cause
+	Tail   []string // its last lines (at most TailLines)
+	Err    error    // what the runner returned
 }
 
 // TailLines is how many lines of the build log an Error carries.
 const TailLines = 30
+
+// ErrorLines is how many of the build log's first error lines an Error carries.
+const ErrorLines = 5
 
 func (e *Error) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%v: %v", e.Kind, e.Err)
 	if errors.Is(e.Kind, ErrNoSpace) {
 		b.WriteString("; free space on the filesystem of the work directory or point the work directory elsewhere")
+	}
+	if len(e.Errors) > 0 {
+		fmt.Fprintf(&b, "; the first errors:\n%s\n", strings.Join(e.Errors, "\n"))
 	}
 	fmt.Fprintf(&b, "; the full log is %s", e.Log)
 	if len(e.Tail) > 0 {
@@ -643,13 +651,41 @@ func (b *builder) failure(runErr error) error {
 	if tailErr != nil {
 		tail = []string{fmt.Sprintf("(cannot read the build log: %v)", tailErr)}
 	}
+	first, _ := firstErrors(b.o.LogFile, ErrorLines) // the tail says why when the log is unreadable
 	kind := ErrBuild
 	if errors.Is(runErr, syscall.ENOSPC) || slices.ContainsFunc(tail, func(l string) bool {
 		return strings.Contains(l, "No space left on device")
 	}) {
 		kind = ErrNoSpace
 	}
-	return &Error{Kind: kind, Log: b.o.LogFile, Tail: tail, Err: runErr}
+	return &Error{Kind: kind, Log: b.o.LogFile, Errors: first, Tail: tail, Err: runErr}
+}
+
+// firstErrors returns the first n distinct lines of the file at path that report an error
+// ("error:" in any case: the compiler's, the linker's, modpost's "ERROR:"), each trimmed and cut
+// to 500 bytes. With make -j the cause is usually the first of them, not the last lines.
+func firstErrors(path string, n int) ([]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() && len(out) < n {
+		l := strings.TrimSpace(sc.Text())
+		if !strings.Contains(strings.ToLower(l), "error:") {
+			continue
+		}
+		if len(l) > 500 {
+			l = l[:500] + "..."
+		}
+		if !slices.Contains(out, l) {
+			out = append(out, l)
+		}
+	}
+	return out, sc.Err()
 }
 
 // noSpace marks an ENOSPC error with ErrNoSpace.

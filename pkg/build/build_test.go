@@ -70,6 +70,7 @@ type fakeRunner struct {
 	skip      string // a module make does not write
 	failLines int    // make prints this many lines and fails
 	failText  string // the last of them
+	failFirst string // and, when set, the first
 	block     bool   // make waits for ctx
 
 	mu    sync.Mutex
@@ -112,6 +113,10 @@ func (f *fakeRunner) make(ctx context.Context, c host.Cmd, out *os.File) error {
 	}
 	if f.failLines > 0 {
 		for i := 1; i < f.failLines; i++ {
+			if i == 1 && f.failFirst != "" {
+				fmt.Fprintln(out, f.failFirst)
+				continue
+			}
 			fmt.Fprintf(out, "line %d\n", i)
 		}
 		fmt.Fprintln(out, f.failText)
@@ -337,16 +342,20 @@ func TestInterfaces(t *testing.T) {
 func TestBuildFailure(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		name, last string
-		kind       error
+		name, first, last string
+		kind              error
+		errs              []string
 	}{
-		{"compile error", "nvidia-uvm/uvm.c:3:2: error: #error broken", build.ErrBuild},
-		{"disk full", "nvidia-uvm/uvm.o: No space left on device", build.ErrNoSpace},
+		{"compile error", "", "nvidia-uvm/uvm.c:3:2: error: #error broken", build.ErrBuild, []string{"nvidia-uvm/uvm.c:3:2: error: #error broken"}},
+		// With make -j the cause is far above the last lines; modpost's ERROR: counts too.
+		{"early error", "  nvidia/nv.c:7:1: error: unknown type name 'foo'", "ERROR: modpost: \"bar\" [nvidia.ko] undefined!", build.ErrBuild,
+			[]string{"nvidia/nv.c:7:1: error: unknown type name 'foo'", `ERROR: modpost: "bar" [nvidia.ko] undefined!`}},
+		{"disk full", "", "nvidia-uvm/uvm.o: No space left on device", build.ErrNoSpace, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			f := newFixture(t)
-			f.runner.failLines, f.runner.failText = 40, tc.last
+			f.runner.failLines, f.runner.failText, f.runner.failFirst = 40, tc.last, tc.first
 			_, err := build.Modules(context.Background(), f.opts)
 			var be *build.Error
 			if !errors.As(err, &be) || !errors.Is(err, tc.kind) {
@@ -354,6 +363,12 @@ func TestBuildFailure(t *testing.T) {
 			}
 			if len(be.Tail) != build.TailLines || be.Tail[0] != "line 11" || be.Tail[29] != tc.last {
 				t.Errorf("tail %q", be.Tail)
+			}
+			if !slices.Equal(be.Errors, tc.errs) {
+				t.Errorf("first errors %q, want %q", be.Errors, tc.errs)
+			}
+			if len(tc.errs) > 0 && !strings.Contains(err.Error(), "; the first errors:\n"+strings.Join(tc.errs, "\n")+"\n; the full log is ") {
+				t.Errorf("error %q does not list the first errors", err)
 			}
 			if be.Log != f.work+".log" || !strings.Contains(err.Error(), "the full log is "+f.work+".log") ||
 				!strings.Contains(err.Error(), tc.last) || !strings.Contains(err.Error(), "exit status 2") {
