@@ -521,7 +521,10 @@ func (nv *nvidiaRun) open(t *testing.T, tree string) bool {
 	var be *build.Error
 	switch {
 	case errors.As(err, &be) && errors.Is(err, build.ErrBuild):
-		why := strings.ReplaceAll(firstErrors(be.Log, 3), filepath.Join(o.WorkDir, "build")+"/", "")
+		if len(be.Errors) == 0 {
+			t.Errorf("the failed open build's error carries no first error lines: %v", err)
+		}
+		why := strings.ReplaceAll(strings.Join(be.Errors[:min(3, len(be.Errors))], " | "), filepath.Join(o.WorkDir, "build")+"/", "")
 		nv.openErr = fmt.Sprintf("NVIDIA's open sources %s do not build against %s (%s): %s", nv.src.version, nv.h.tl.abi, since(t0), why)
 		t.Logf("OPEN FLAVOUR NOT BUILT (not a failure): %s; the full log is %s", nv.openErr, be.Log)
 		return false
@@ -531,27 +534,6 @@ func (nv *nvidiaRun) open(t *testing.T, tree string) bool {
 	nv.timing("open flavour: built in %s", res.BuildTime.Round(10*time.Millisecond))
 	nv.store(t, res.Modules, "kernel-open")
 	return true
-}
-
-// firstErrors returns the first n distinct compiler "error:" lines of a build log.
-func firstErrors(logFile string, n int) string {
-	f, err := os.Open(logFile)
-	if err != nil {
-		return err.Error()
-	}
-	defer f.Close()
-	var out []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() && len(out) < n {
-		if l := strings.TrimSpace(sc.Text()); strings.Contains(l, "error:") && !slices.Contains(out, l) {
-			out = append(out, l)
-		}
-	}
-	if len(out) == 0 {
-		return "no 'error:' line in the log"
-	}
-	return strings.Join(out, " | ")
 }
 
 // initramfs is the guest for the NVIDIA scenarios: the harness's base (busybox, agent, ld), the
