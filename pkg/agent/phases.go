@@ -473,7 +473,7 @@ func (r *run) devicesPhase(context.Context) error {
 	modeset := slices.Contains(r.loaded, "nvidia_modeset")
 	if r.cfg.DryRun {
 		if _, err := os.Stat(r.Host.InProc("driver/nvidia")); err != nil {
-			r.notes = append(r.notes, fmt.Sprintf("devices: once the driver is loaded, would create %s/nvidiactl, one /nvidia<N> per GPU (%d found on PCI), nvidia-modeset and nvidia-uvm{,-tools}", r.Host.Dev, len(r.facts.GPUs)))
+			r.notes = append(r.notes, fmt.Sprintf("devices: once the driver is loaded, would create %[1]s/nvidiactl, %[1]s/nvidia<N> for each GPU (%[2]d found on PCI), %[1]s/nvidia-modeset and %[1]s/nvidia-uvm{,-tools}", r.Host.Dev, len(r.facts.GPUs)))
 			return nil
 		}
 		modeset = true
