@@ -522,9 +522,6 @@ func (r *run) daemonSpecs(ctx context.Context) ([]daemon.Spec, fabric.Plan, erro
 	for _, w := range plan.Warnings {
 		r.notes = append(r.notes, "fabric: "+w)
 	}
-	if len(plan.Daemons) == 0 {
-		r.Log.Info("fabric manager is not needed", "reason", plan.Node.Reason)
-	}
 	return append(specs, plan.Daemons...), plan, nil
 }
 

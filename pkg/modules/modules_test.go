@@ -311,3 +311,17 @@ func FuzzParseKmsg(f *testing.F) {
 		}
 	})
 }
+
+// With the host root falling back to the container's, FindTree's error names each directory once.
+func TestFindTreeErrorNamesEachDirOnce(t *testing.T) {
+	dir := t.TempDir()
+	_, err := FindTree(host.Roots{Root: dir, HostRoot: dir}, "6.6.95-flatcar")
+	if err == nil {
+		t.Fatal("FindTree found a tree in an empty directory")
+	}
+	for _, rel := range []string{"usr/lib/modules", "lib/modules", "usr/lib64/modules"} {
+		if n := strings.Count(err.Error(), filepath.Join(dir, rel, "6.6.95-flatcar")+"/"); n != 1 {
+			t.Errorf("%s named %d times in %q", rel, n, err)
+		}
+	}
+}

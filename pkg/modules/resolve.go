@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/driver-agent/driver-agent/pkg/host"
@@ -135,7 +136,10 @@ func FindTree(r host.Roots, release string) (*Tree, error) {
 		r.InRoot("lib/modules", release), r.InRoot("usr/lib/modules", release),
 	}
 	var errs []error
-	for _, dir := range candidates {
+	for i, dir := range candidates {
+		if slices.Contains(candidates[:i], dir) { // the host root is the container's (a fallback)
+			continue
+		}
 		t, err := ReadTree(dir)
 		if err == nil {
 			return t, nil
