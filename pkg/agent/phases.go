@@ -123,6 +123,9 @@ func flavor(moduleType string, branch int) (string, string) {
 	case "proprietary":
 		return "kernel", "KERNEL_MODULE_TYPE=proprietary"
 	}
+	if branch == 0 { // a dry run without DRIVER_VERSION
+		return "kernel", "KERNEL_MODULE_TYPE=auto without a driver version: proprietary assumed"
+	}
 	if branch >= 560 {
 		return "kernel-open", fmt.Sprintf("KERNEL_MODULE_TYPE=auto and branch %d >= 560 defaults to open modules", branch)
 	}
