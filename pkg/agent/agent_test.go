@@ -835,6 +835,10 @@ func TestDryRunChangesNothing(t *testing.T) {
 			t.Errorf("plan lacks %q:\n%s", want, plan)
 		}
 	}
+	// The teardown unloads what the plan loads (nothing is really loaded), holders first.
+	if !regexp.MustCompile(`(?s)On SIGTERM:.*unload-module nvidia_modeset\n.*unload-module nvidia_uvm\n.*unload-module nvidia\n`).MatchString(plan) {
+		t.Errorf("the plan's teardown does not unload modeset, uvm, nvidia in that order:\n%s", plan)
+	}
 }
 
 func TestHostManagedDriver(t *testing.T) {

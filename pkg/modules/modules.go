@@ -170,12 +170,18 @@ func signed(m host.ModuleImage) bool {
 // reference no holder explains): the agent waits with backoff until ctx is nearly over, then
 // returns an error wrapping exitcode.ErrInUse that names the processes, leaving every module
 // loaded, as NVIDIA's script does. EBUSY and EAGAIN from the kernel are retried the same way.
-// With dryRun the order is computed once and handed to h.Kernel (a recorder).
+// With dryRun the order is computed once and handed to h.Kernel (a recorder); the named modules
+// that are not loaded (the dry run only pretended to load them) follow in reverse order.
 func Unload(ctx context.Context, h host.Host, log *slog.Logger, names []string, dryRun bool) error {
 	if dryRun {
 		order, err := kernel.UnloadOrder(h.Sys, names)
 		if err != nil {
 			return fmt.Errorf("unload: %w", err)
+		}
+		for i := len(names) - 1; i >= 0; i-- {
+			if name := kernel.Normalize(names[i]); !slices.Contains(order, name) {
+				order = append(order, name)
+			}
 		}
 		for _, name := range order {
 			if err := h.Kernel.UnloadModule(name); err != nil {
