@@ -242,7 +242,13 @@ func (w *world) waitReady(t *testing.T, done <-chan error) {
 
 func waitFor(t *testing.T, what string, cond func() bool, done <-chan error) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	waitForWithin(t, what, 10*time.Second, cond, done)
+}
+
+// waitForWithin waits up to within for cond, failing the test when the agent stops first.
+func waitForWithin(t *testing.T, what string, within time.Duration, cond func() bool, done <-chan error) {
+	t.Helper()
+	deadline := time.Now().Add(within)
 	for !cond() {
 		select {
 		case err := <-done:
@@ -253,6 +259,18 @@ func waitFor(t *testing.T, what string, cond func() bool, done <-chan error) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// runEnded returns Run's result, failing the test when Run has not ended within that long.
+func runEnded(t *testing.T, done <-chan error, within time.Duration, what string) error {
+	t.Helper()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(within):
+		t.Fatalf("%s did not end the run within %s", what, within)
+		return nil
 	}
 }
 
@@ -520,13 +538,8 @@ func TestCompilePathDownloadFailures(t *testing.T) {
 		return strings.Contains(term.String(), "\r0.0 MiB")
 	}, done)
 	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("Run after SIGTERM during the download = %v, want nil", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("SIGTERM during the download did not end the run")
+	if err := runEnded(t, done, 20*time.Second, "SIGTERM during the download"); err != nil {
+		t.Fatalf("Run after SIGTERM during the download = %v, want nil", err)
 	}
 	if calls := w.kernel.Calls(); len(calls) != 0 {
 		t.Errorf("kernel calls %v", calls)
@@ -537,14 +550,10 @@ func TestCompilePathDownloadFailures(t *testing.T) {
 // compileWorld is a world whose running kernel is the one Debian's installed headers are for,
 // with the stand-in NVIDIA sources in the image and no precompiled package: init takes the compile
 // path with a real kbuild, the headers given as --kernel-build-tree and the compiler a shell
-// script (in tools) that runs ccScript before gcc. work is the agent's --work-dir.
-func compileWorld(t *testing.T, ccScript string) (w *world, args []string, tools, work string) {
+// script that runs ccScript before gcc. work is the agent's --work-dir.
+func compileWorld(t *testing.T, ccScript string) (w *world, args []string, work string) {
 	t.Helper()
-	release, tree, err := buildtest.Headers()
-	if err != nil {
-		t.Fatal(err)
-	}
-	banner, err := buildtest.Banner(tree)
+	release, tree, banner, err := buildtest.Kernel()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -556,53 +565,41 @@ func compileWorld(t *testing.T, ccScript string) (w *world, args []string, tools
 	if err := buildtest.WriteSource(context.Background(), src, tree); err != nil {
 		t.Fatal(err)
 	}
-	tools, work = t.TempDir(), t.TempDir()
-	cc := filepath.Join(tools, "gcc")
+	work = t.TempDir()
+	cc := filepath.Join(t.TempDir(), "gcc")
 	if err := os.WriteFile(cc, []byte("#!/bin/sh\n"+ccScript+"\nexec gcc \"$@\"\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	w.before = files(hosttest.Snapshot(t, w.dir))
-	return w, []string{"--kernel-build-tree", tree, "--cc", cc, "--work-dir", work}, tools, work
+	return w, []string{"--kernel-build-tree", tree, "--cc", cc, "--work-dir", work}, work
 }
 
 // SIGTERM while NVIDIA's make runs (the compiler hangs on one file): the build's whole process
 // group is killed, the work dir removed, nothing loaded, and the node left as it was.
 func TestCompilePathSIGTERMDuringBuild(t *testing.T) {
 	hanging := filepath.Join(t.TempDir(), "hanging")
-	w, args, tools, work := compileWorld(t, fmt.Sprintf(`for a in "$@"; do case "$a" in *uvm_ats.c) touch %s; sleep 600;; esac; done`, hanging))
+	w, args, work := compileWorld(t, fmt.Sprintf(`for a in "$@"; do case "$a" in *uvm_ats.c) touch %s; sleep 600;; esac; done`, hanging))
+	// Every process of the build inherits the agent's environment, so this marker finds them.
+	marker := fmt.Sprintf("DRIVER_AGENT_TEST_BUILD=%d-%d", os.Getpid(), time.Now().UnixNano())
+	k, v, _ := strings.Cut(marker, "=")
+	t.Setenv(k, v)
 	a := w.agent(t, args...)
 	a.Source = nil
 	cancel, done := startAgent(a)
 	defer cancel()
-	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(20 * time.Millisecond) {
-		if _, err := os.Stat(hanging); err == nil {
-			break
-		}
-		select {
-		case err := <-done:
-			t.Fatalf("the agent stopped before the build reached the hanging compiler: %v", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the build did not reach the hanging compiler in 5 minutes")
-		}
+	waitForWithin(t, "the build to reach the hanging compiler", 5*time.Minute, func() bool {
+		_, err := os.Stat(hanging)
+		return err == nil
+	}, done)
+	if len(buildtest.Processes(marker)) == 0 {
+		t.Fatal("no build process seen while the build runs; the check below would prove nothing")
 	}
 	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("Run after SIGTERM during the build = %v, want nil", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("SIGTERM during the build did not end the run")
+	if err := runEnded(t, done, 30*time.Second, "SIGTERM during the build"); err != nil {
+		t.Fatalf("Run after SIGTERM during the build = %v, want nil", err)
 	}
-	// No process of the build is left: none runs the compiler wrapper or in the work dir.
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
-		cmdline, _ := os.ReadFile(p)
-		if args := string(bytes.ReplaceAll(cmdline, []byte{0}, []byte{' '})); strings.Contains(args, tools) || strings.Contains(args, work) {
-			t.Errorf("%s is still running: %s", filepath.Dir(p), args)
-		}
+	if left := buildtest.ProcessesLeft(marker, 20*time.Second); len(left) > 0 {
+		t.Errorf("processes of the build left: %v", left)
 	}
 	if left, _ := os.ReadDir(work); len(left) != 0 {
 		t.Errorf("the work dir keeps %v", left)
@@ -616,7 +613,7 @@ func TestCompilePathSIGTERMDuringBuild(t *testing.T) {
 // A failed build: exit code 7, the error leads with the compiler's first error and names the
 // build log, which outlives the work dir next to status.json; nothing loaded, nothing else left.
 func TestCompilePathBuildFailure(t *testing.T) {
-	w, args, _, work := compileWorld(t, `for a in "$@"; do case "$a" in *uvm_ats.c) echo "$a:1:1: error: stand-in compiler failure" >&2; exit 1;; esac; done`)
+	w, args, work := compileWorld(t, `for a in "$@"; do case "$a" in *uvm_ats.c) echo "$a:1:1: error: stand-in compiler failure" >&2; exit 1;; esac; done`)
 	a := w.agent(t, args...)
 	a.Source = nil
 	err := a.Run(context.Background())
@@ -668,13 +665,9 @@ func TestCacheStoreHoldsReadyNotTeardown(t *testing.T) {
 		t.Fatalf("the operator's file says %q while the store runs, want NotReady", got)
 	}
 	cancel()
-	select {
-	case err := <-done:
-		if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "work dir "+work) {
-			t.Fatalf("Run = %v, want the work dir left at the deadline", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("the teardown waited for the store past its 2s deadline")
+	// The teardown's deadline is 2s; far longer means it waited for the store.
+	if err := runEnded(t, done, 20*time.Second, "SIGTERM with a store that never ends"); !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "work dir "+work) {
+		t.Fatalf("Run = %v, want the work dir left at the deadline", err)
 	}
 	if l := w.kernel.Loaded(); len(l) != 0 {
 		t.Errorf("modules still loaded: %v", l)

@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -38,11 +37,7 @@ var shared struct {
 func realSetup(t *testing.T) (release, tree, banner, source string) {
 	t.Helper()
 	shared.once.Do(func() {
-		shared.release, shared.tree, shared.err = buildtest.Headers()
-		if shared.err != nil {
-			return
-		}
-		if shared.banner, shared.err = buildtest.Banner(shared.tree); shared.err != nil {
+		if shared.release, shared.tree, shared.banner, shared.err = buildtest.Kernel(); shared.err != nil {
 			return
 		}
 		if shared.dir, shared.err = os.MkdirTemp("", "build-real-"); shared.err != nil {
@@ -166,20 +161,15 @@ func TestRealCancel(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if left := processesWith(marker); len(left) == 0 {
+	if left := buildtest.Processes(marker); len(left) == 0 {
 		t.Fatal("no build process seen while the build runs; the check below would prove nothing")
 	}
 	cancel()
 	if err := <-res; !errors.Is(err, context.Canceled) {
 		t.Fatalf("Modules = %v, want context.Canceled", err)
 	}
-	// SIGKILL is delivered at once, but a dying process takes a moment to become a zombie.
-	deadline = time.Now().Add(20 * time.Second)
-	for left := processesWith(marker); len(left) > 0; left = processesWith(marker) {
-		if time.Now().After(deadline) {
-			t.Fatalf("processes left after the cancelled build: %v", left)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if left := buildtest.ProcessesLeft(marker, 20*time.Second); len(left) > 0 {
+		t.Fatalf("processes left after the cancelled build: %v", left)
 	}
 	if _, err := os.Stat(work); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("work dir left: %v", err)
@@ -234,31 +224,4 @@ func randomHex(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return hex.EncodeToString(b)
-}
-
-// processesWith lists the live processes (not zombies) whose environment holds kv.
-func processesWith(kv string) []string {
-	entries, _ := os.ReadDir("/proc")
-	var out []string
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
-		if err != nil || !bytes.Contains(env, append([]byte(kv), 0)) && !bytes.HasSuffix(env, []byte(kv)) {
-			continue
-		}
-		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			continue
-		}
-		s := string(stat)
-		if i := strings.LastIndexByte(s, ')'); i >= 0 && strings.HasPrefix(s[i+1:], " Z") {
-			continue
-		}
-		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
-		out = append(out, fmt.Sprintf("%d %s", pid, strings.TrimSpace(string(comm))))
-	}
-	return out
 }

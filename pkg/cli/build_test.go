@@ -20,11 +20,7 @@ import (
 // writes a package that reads back with NVIDIA's records and links into loadable modules.
 func TestBuildCommand(t *testing.T) {
 	t.Parallel()
-	release, tree, err := buildtest.Headers()
-	if err != nil {
-		t.Fatal(err)
-	}
-	banner, err := buildtest.Banner(tree)
+	release, tree, banner, err := buildtest.Kernel()
 	if err != nil {
 		t.Fatal(err)
 	}

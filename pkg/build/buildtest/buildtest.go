@@ -6,6 +6,7 @@
 package buildtest
 
 import (
+	"bytes"
 	"context"
 	"embed"
 	"errors"
@@ -15,7 +16,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
+	"time"
 )
 
 // AptInstall is the command that installs what real build tests need on Debian.
@@ -64,6 +67,55 @@ func headersABI() (string, error) {
 		return "", fmt.Errorf("linux-headers-amd64 depends on %q: no linux-headers-<abi>-amd64 in it", out)
 	}
 	return m[1], nil
+}
+
+// Kernel returns Headers' release and build tree and their Banner.
+func Kernel() (release, tree, banner string, err error) {
+	if release, tree, err = Headers(); err != nil {
+		return "", "", "", err
+	}
+	banner, err = Banner(tree)
+	return release, tree, banner, err
+}
+
+// Processes lists, as "pid comm", the live processes (not zombies) other than this one whose
+// environment holds kv (KEY=value): put kv in a build's environment to find what it started.
+func Processes(kv string) []string {
+	entries, _ := os.ReadDir("/proc")
+	var out []string
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		if err != nil || !bytes.Contains(env, append([]byte(kv), 0)) && !bytes.HasSuffix(env, []byte(kv)) {
+			continue
+		}
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		s := string(stat)
+		if i := strings.LastIndexByte(s, ')'); i >= 0 && strings.HasPrefix(s[i+1:], " Z") {
+			continue
+		}
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		out = append(out, fmt.Sprintf("%d %s", pid, strings.TrimSpace(string(comm))))
+	}
+	return out
+}
+
+// ProcessesLeft waits up to within for the processes Processes(kv) finds to be gone (a SIGKILLed
+// process takes a moment to die) and returns those still there.
+func ProcessesLeft(kv string, within time.Duration) []string {
+	deadline := time.Now().Add(within)
+	left := Processes(kv)
+	for len(left) > 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+		left = Processes(kv)
+	}
+	return left
 }
 
 // Banner returns the /proc/version line of the kernel the build tree belongs to, put together
