@@ -644,10 +644,21 @@ func TestCompilePathBuildFailure(t *testing.T) {
 	w.assertClean(t)
 }
 
-// slowStoreSource is a fakeSource whose background cache store does not end.
-type slowStoreSource struct{ fakeSource }
+// slowStoreSource is a fakeSource whose background cache store does not end; waiting gets a
+// value each time the agent starts waiting for it.
+type slowStoreSource struct {
+	fakeSource
+	waiting chan struct{}
+}
 
-func (slowStoreSource) Wait(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }
+func (s slowStoreSource) Wait(ctx context.Context) error {
+	select {
+	case s.waiting <- struct{}{}:
+	default:
+	}
+	<-ctx.Done()
+	return ctx.Err()
+}
 
 // Ready waits for the cache store; a store still running at the teardown's deadline leaves the
 // work dir and says so instead of holding the teardown past it.
@@ -655,12 +666,19 @@ func TestCacheStoreHoldsReadyNotTeardown(t *testing.T) {
 	w := newWorld(t)
 	work := t.TempDir()
 	a := w.agent(t, "--work-dir", work)
-	a.Source = slowStoreSource{fakeSource{dir: t.TempDir()}}
+	src := slowStoreSource{fakeSource{dir: t.TempDir()}, make(chan struct{}, 1)}
+	a.Source = src
 	cancel, done := startAgent(a)
-	waitFor(t, "the ready phase", func() bool {
-		return strings.Contains(w.read(t, "run/nvidia/driver-agent/status.json"), `"phase": "ready"`)
-	}, done)
-	time.Sleep(50 * time.Millisecond)
+	select {
+	case <-src.waiting:
+	case err := <-done:
+		t.Fatalf("the agent stopped before waiting for the store: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the agent did not wait for the store")
+	}
+	if st := w.read(t, "run/nvidia/driver-agent/status.json"); !strings.Contains(st, `"phase": "ready"`) {
+		t.Fatalf("the agent waits for the store outside the ready phase: %s", st)
+	}
 	if got := w.read(t, "run/nvidia/validations/.driver-daemons-status"); got != "NotReady" {
 		t.Fatalf("the operator's file says %q while the store runs, want NotReady", got)
 	}
