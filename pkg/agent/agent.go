@@ -58,6 +58,8 @@ type Agent struct {
 	BeforePhase func(phase string)
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// Clock times the unload's retries and its bound at start; nil means the wall clock.
+	Clock daemon.Clock
 	// Reaper starts and waits for every child process (daemons, the linker); required unless
 	// DryRun.
 	Reaper *daemon.Reaper

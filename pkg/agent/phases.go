@@ -215,13 +215,15 @@ func (r *run) load(ctx context.Context) error {
 	case PathHost:
 		return r.waitForHostDriver(ctx)
 	case PathFast:
-		r.loaded = NVIDIAModules()
+		r.loaded = r.decision.Modules // what the agent that loaded them would have loaded
 		r.push(PhaseLoad, r.unloadUndo)
 		return nil
 	}
 	if r.decision.Reload {
 		r.Log.Info("Unloading NVIDIA driver kernel modules...")
-		if err := modules.Unload(ctx, r.Host, r.Log, NVIDIAModules(), r.cfg.DryRun); err != nil {
+		u := r.unloader()
+		u.Timeout = r.cfg.UnloadTimeout
+		if err := u.Unload(ctx, NVIDIAModules()); err != nil {
 			return err
 		}
 	}
@@ -429,10 +431,16 @@ func (r *run) waitForHostDriver(ctx context.Context) error {
 // device nodes and the stored digest, which stay valid while the driver is in use.
 func (r *run) unloadUndo(ctx context.Context) error {
 	r.Log.Info("Unloading NVIDIA driver kernel modules...")
-	if err := modules.Unload(ctx, r.Host, r.Log, r.loaded, r.cfg.DryRun); err != nil {
+	if err := r.unloader().Unload(ctx, r.loaded); err != nil {
 		return err
 	}
 	return errors.Join(devices.Remove(r.Host, r.devices), r.st.ClearDigest())
+}
+
+// unloader removes the NVIDIA modules; holders the agent did not load stay, as users of the
+// driver, unless --unload-foreign-holders.
+func (r *run) unloader() modules.Unloader {
+	return modules.Unloader{Host: r.Host, Log: r.Log, Clock: r.Clock, UnloadForeign: r.cfg.UnloadForeignHolders, DryRun: r.cfg.DryRun}
 }
 
 // firmwareDisabled reports whether the nvidia parameters turn GPU firmware off.

@@ -235,8 +235,11 @@ func runUnload(ctx context.Context, prog string, args, environ []string, stderr 
 	defer cancel()
 	h := host.Real(cfg.Roots)
 	log.Info("Unloading NVIDIA driver kernel modules...")
-	if err := modules.Unload(ctx, h, log, agent.NVIDIAModules(), false); err != nil {
-		log.Error("Could not unload NVIDIA driver kernel modules", "error", err)
+	u := modules.Unloader{Host: h, Log: log, UnloadForeign: cfg.UnloadForeignHolders}
+	if err := u.Unload(ctx, agent.NVIDIAModules()); err != nil {
+		if !errors.Is(err, exitcode.ErrInUse) { // the unloader has said so, naming the holders
+			log.Error("Could not unload NVIDIA driver kernel modules", "error", err)
+		}
 		return exitcode.Code(err)
 	}
 	if err := (status.Writer{Files: h.Files, Paths: paths}).ClearDigest(); err != nil {

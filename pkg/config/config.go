@@ -38,7 +38,9 @@ type Config struct {
 	DaemonStopTimeout    time.Duration
 	HostModulesTimeout   time.Duration
 	NVLink5PrereqTimeout time.Duration
-	Modules              string // auto, load, host
+	Modules              string        // auto, load, host
+	UnloadTimeout        time.Duration // bound on the unload of another configuration's driver at start
+	UnloadForeignHolders bool          // also unload holders of the driver the agent did not load
 	LoadDRM              bool
 	PersistencedArgs     []string
 	ModuleParams         modparams.Set // --module-param module.key=value, over /drivers/<module>.conf
@@ -169,6 +171,8 @@ func Options() []Option {
 		ag(Option{Flag: "shutdown-timeout", Default: "25s", Usage: "deadline for the whole teardown after a signal (keep it under the pod's grace period)", set: duration(func(c *Config) *time.Duration { return &c.ShutdownTimeout }, time.Second, 10*time.Minute)}),
 		ag(Option{Flag: "daemon-stop-timeout", Default: "5s", Usage: "time a daemon gets after SIGTERM before SIGKILL", set: duration(func(c *Config) *time.Duration { return &c.DaemonStopTimeout }, 100*time.Millisecond, 5*time.Minute)}),
 		ag(Option{Flag: "modules", Default: "auto", Usage: "who owns the kernel modules: auto, load (this agent) or host (never load or unload)", set: oneOf(func(c *Config) *string { return &c.Modules }, "auto", "load", "host")}),
+		ag(Option{Flag: "unload-timeout", Default: "60s", Usage: "at start, how long to wait for a loaded NVIDIA driver of another configuration to become unused before exit 10 (the teardown's wait is bounded by --shutdown-timeout)", set: duration(func(c *Config) *time.Duration { return &c.UnloadTimeout }, time.Second, time.Hour)}),
+		ag(Option{Flag: "unload-foreign-holders", Default: "false", Bool: true, Usage: "also unload modules that hold the NVIDIA driver but were not loaded by the agent (gdrdrv, nvidia_fs, a sidecar's nvidia_peermem); without it they count as users of the driver", set: boolean(func(c *Config) *bool { return &c.UnloadForeignHolders })}),
 		ag(Option{Flag: "host-modules-timeout", Default: "5m", Usage: "with --modules=host, how long to wait for the host to load nvidia", set: duration(func(c *Config) *time.Duration { return &c.HostModulesTimeout }, 0, 24*time.Hour)}),
 		ag(Option{Flag: "nvlink5-prereq-timeout", Default: "5m", Usage: "on NVLink5 nodes, how long to wait for mlx5_core and ib_umad", set: duration(func(c *Config) *time.Duration { return &c.NVLink5PrereqTimeout }, time.Second, 24*time.Hour)}),
 		ag(Option{Flag: "load-drm", Default: "false", Bool: true, Usage: "also load nvidia-drm", set: boolean(func(c *Config) *bool { return &c.LoadDRM })}),

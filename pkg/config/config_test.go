@@ -53,6 +53,8 @@ func TestEveryValidationError(t *testing.T) {
 		{"DRIVER_AGENT_METRICS_ADDRESS=9402", `DRIVER_AGENT_METRICS_ADDRESS="9402": want host:port or :port, such as :9402`},
 		{"DRIVER_AGENT_SHUTDOWN_TIMEOUT=forever", `DRIVER_AGENT_SHUTDOWN_TIMEOUT="forever": want a duration from 1s to 10m0s`},
 		{"DRIVER_AGENT_DAEMON_STOP_TIMEOUT=1ms", `DRIVER_AGENT_DAEMON_STOP_TIMEOUT="1ms": want a duration from 100ms to 5m0s`},
+		{"DRIVER_AGENT_UNLOAD_TIMEOUT=0s", `DRIVER_AGENT_UNLOAD_TIMEOUT="0s": want a duration from 1s to 1h0m0s`},
+		{"DRIVER_AGENT_UNLOAD_FOREIGN_HOLDERS=all", `DRIVER_AGENT_UNLOAD_FOREIGN_HOLDERS="all": want true or false`},
 		{"DRIVER_AGENT_HOST_MODULES_TIMEOUT=soon", `DRIVER_AGENT_HOST_MODULES_TIMEOUT="soon": want a duration from 0s to 24h0m0s`},
 		{"DRIVER_AGENT_NVLINK5_PREREQ_TIMEOUT=0s", `DRIVER_AGENT_NVLINK5_PREREQ_TIMEOUT="0s": want a duration from 1s to 24h0m0s`},
 		{"DRIVER_AGENT_MODULES=kernel", `DRIVER_AGENT_MODULES="kernel": want one of auto, load, host`},

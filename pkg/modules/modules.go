@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/driver-agent/driver-agent/pkg/daemon"
 	"github.com/driver-agent/driver-agent/pkg/exitcode"
 	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/kernel"
@@ -165,30 +166,40 @@ func signed(m host.ModuleImage) bool {
 	return strings.HasSuffix(string(tail), magic)
 }
 
-// Unload removes the named modules and every loaded module that holds them, in holder order.
-// Nothing is removed while the set is in use from outside (a process with /dev/nvidia* open, or a
-// reference no holder explains): the agent waits with backoff until ctx is nearly over, then
-// returns an error wrapping exitcode.ErrInUse that names the processes, leaving every module
-// loaded, as NVIDIA's script does. EBUSY and EAGAIN from the kernel are retried the same way.
-// With dryRun the order is computed once and handed to h.Kernel (a recorder); the named modules
-// that are not loaded (the dry run only pretended to load them) follow in reverse order.
+// Unload is Unloader{Host: h, Log: log, DryRun: dryRun, UnloadForeign: true}.Unload: every
+// holder of names is unloaded too, and the retries last until ctx ends.
 func Unload(ctx context.Context, h host.Host, log *slog.Logger, names []string, dryRun bool) error {
-	if dryRun {
-		order, err := kernel.UnloadOrder(h.Sys, names)
-		if err != nil {
-			return fmt.Errorf("unload: %w", err)
-		}
-		for i := len(names) - 1; i >= 0; i-- {
-			if name := kernel.Normalize(names[i]); !slices.Contains(order, name) {
-				order = append(order, name)
-			}
-		}
-		for _, name := range order {
-			if err := h.Kernel.UnloadModule(name); err != nil {
-				return fmt.Errorf("unload %s: %w", name, err)
-			}
-		}
-		return nil
+	return Unloader{Host: h, Log: log, DryRun: dryRun, UnloadForeign: true}.Unload(ctx, names)
+}
+
+// Unloader removes a set of modules and the loaded modules that hold them, in holder order.
+type Unloader struct {
+	Host host.Host
+	Log  *slog.Logger
+	// Timeout bounds the wait for the modules to become free; zero means until ctx ends.
+	Timeout time.Duration
+	// Clock times the retries and Timeout; nil means the wall clock.
+	Clock daemon.Clock
+	// UnloadForeign also removes holders outside the named set (gdrdrv, nvidia_fs, an
+	// nvidia_peermem loaded by a sidecar). Without it such a holder counts as a user of the
+	// driver: nothing is removed while it is loaded.
+	UnloadForeign bool
+	// DryRun computes the order once and hands it to Host.Kernel (a recorder); the named modules
+	// that are not loaded (the dry run only pretended to load them) follow in reverse order.
+	DryRun bool
+}
+
+// Unload removes names and their holders. Nothing is removed while the set is in use from
+// outside (a process with /dev/nvidia* open, a holder module outside the set unless
+// UnloadForeign, or a reference no holder explains): it retries with backoff, logging each retry
+// with what holds the driver, until Timeout or ctx's deadline (less a little for the teardown
+// steps after this one), then logs NVIDIA's "Could not unload NVIDIA driver kernel modules,
+// driver is in use" and returns an error wrapping exitcode.ErrInUse that names the holders,
+// leaving every module loaded, as NVIDIA's script does. EBUSY and EAGAIN from the kernel are
+// retried the same way. When ctx is cancelled it returns ctx's error.
+func (u Unloader) Unload(ctx context.Context, names []string) error {
+	if u.DryRun {
+		return u.dryRun(names)
 	}
 	// Keep a little of the deadline for the teardown steps after this one.
 	if deadline, ok := ctx.Deadline(); ok {
@@ -196,12 +207,17 @@ func Unload(ctx context.Context, h host.Host, log *slog.Logger, names []string, 
 		ctx, cancel = context.WithDeadline(ctx, deadline.Add(-min(2*time.Second, time.Until(deadline)/5)))
 		defer cancel()
 	}
-	backoff := 50 * time.Millisecond
+	clock := u.Clock
+	if clock == nil {
+		clock = daemon.WallClock{}
+	}
+	start := clock.Now()
+	backoff := 100 * time.Millisecond
 	var prev []string
-	for {
-		order, err := kernel.UnloadOrder(h.Sys, names)
+	for attempt := 1; ; attempt++ {
+		order, foreign, err := u.order(names)
 		if err != nil {
-			return fmt.Errorf("unload: %w", err)
+			return err
 		}
 		if len(order) == 0 {
 			return nil
@@ -209,16 +225,16 @@ func Unload(ctx context.Context, h host.Host, log *slog.Logger, names []string, 
 		if slices.Equal(order, prev) {
 			return fmt.Errorf("unload: %s still loaded although the kernel accepted their removal", strings.Join(order, ", "))
 		}
-		busy, err := externalUsers(h.Sys, order)
+		busy, err := externalUsers(u.Host.Sys, order, foreign)
 		if err != nil {
 			return err
 		}
 		if len(busy) == 0 {
 			for _, name := range order {
-				err := h.Kernel.UnloadModule(name)
+				err := u.Host.Kernel.UnloadModule(name)
 				switch {
 				case err == nil:
-					log.Info("unloaded kernel module", "module", name)
+					u.Log.Info("unloaded kernel module", "module", name)
 				case errors.Is(err, unix.ENOENT):
 				case errors.Is(err, unix.EBUSY), errors.Is(err, unix.EAGAIN):
 					busy = append(busy, name)
@@ -235,27 +251,112 @@ func Unload(ctx context.Context, h host.Host, log *slog.Logger, names []string, 
 			continue
 		}
 		prev = nil
+		held := u.holders(foreign)
+		wait := backoff
+		if u.Timeout > 0 {
+			left := u.Timeout - clock.Now().Sub(start)
+			if left <= 0 {
+				return u.inUse(busy, held, clock.Now().Sub(start))
+			}
+			wait = min(wait, left)
+		}
+		u.Log.Info("NVIDIA driver kernel modules are in use; retrying", "attempt", attempt, "busy", strings.Join(busy, ","),
+			"held_by", held, "retry_in", wait.Round(time.Millisecond), "waited", clock.Now().Sub(start).Round(time.Millisecond))
+		t := clock.NewTimer(wait)
 		select {
 		case <-ctx.Done():
-			users := Users(h.Proc, h.Dev)
-			return fmt.Errorf("%w: could not unload NVIDIA driver kernel modules, driver is in use: %s busy; held by: %s",
-				exitcode.ErrInUse, strings.Join(busy, ", "), describe(users))
-		case <-time.After(backoff):
+			t.Stop()
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return u.inUse(busy, u.holders(foreign), clock.Now().Sub(start))
+			}
+			return fmt.Errorf("unload: %w", ctx.Err())
+		case <-t.C():
 		}
-		backoff = min(backoff*2, time.Second)
+		backoff = min(backoff*2, maxUnloadBackoff)
 	}
 }
 
+// maxUnloadBackoff caps the wait between two unload attempts (and so the retry lines logged).
+const maxUnloadBackoff = 5 * time.Second
+
+// order is the unload order of names and their holders, and the holders in it that are outside
+// names (empty with UnloadForeign, where they are unloaded like the rest).
+func (u Unloader) order(names []string) (order, foreign []string, err error) {
+	order, err = kernel.UnloadOrder(u.Host.Sys, names)
+	if err != nil {
+		return nil, nil, fmt.Errorf("unload: %w", err)
+	}
+	if u.UnloadForeign {
+		return order, nil, nil
+	}
+	own := map[string]bool{}
+	for _, n := range names {
+		own[kernel.Normalize(n)] = true
+	}
+	for _, m := range order {
+		if !own[m] {
+			foreign = append(foreign, m)
+		}
+	}
+	return order, foreign, nil
+}
+
+func (u Unloader) dryRun(names []string) error {
+	order, foreign, err := u.order(names)
+	if err != nil {
+		return err
+	}
+	if len(foreign) > 0 {
+		return fmt.Errorf("%w: could not unload NVIDIA driver kernel modules, driver is in use: held by %s", exitcode.ErrInUse, u.holders(foreign))
+	}
+	for i := len(names) - 1; i >= 0; i-- {
+		if name := kernel.Normalize(names[i]); !slices.Contains(order, name) {
+			order = append(order, name)
+		}
+	}
+	for _, name := range order {
+		if err := u.Host.Kernel.UnloadModule(name); err != nil {
+			return fmt.Errorf("unload %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// holders describes the foreign holder modules and the processes that hold the driver.
+func (u Unloader) holders(foreign []string) string {
+	var parts []string
+	for _, m := range foreign {
+		parts = append(parts, "module "+m+" (not loaded by driver-agent: stop what uses it, or set --unload-foreign-holders to unload it)")
+	}
+	users := Users(u.Host.Proc, u.Host.Dev)
+	if len(users) > 0 || len(parts) == 0 {
+		parts = append(parts, describe(users))
+	}
+	return strings.Join(parts, "; ")
+}
+
+func (u Unloader) inUse(busy []string, held string, waited time.Duration) error {
+	u.Log.Error("Could not unload NVIDIA driver kernel modules, driver is in use", "busy", strings.Join(busy, ","), "held_by", held,
+		"waited", waited.Round(time.Millisecond))
+	return fmt.Errorf("%w: could not unload NVIDIA driver kernel modules, driver is in use: %s busy after %s; held by: %s",
+		exitcode.ErrInUse, strings.Join(busy, ", "), waited.Round(time.Second), held)
+}
+
 // externalUsers lists the modules of order whose reference count is more than their holders in
-// the set explain: something outside the set (an open device, another subsystem) uses them.
-func externalUsers(sys string, order []string) ([]string, error) {
+// the set explain (something outside the set, an open device or another subsystem, uses them), or
+// that a foreign holder module holds.
+func externalUsers(sys string, order, foreign []string) ([]string, error) {
 	var busy []string
 	for _, name := range order {
+		if slices.Contains(foreign, name) {
+			continue
+		}
 		m, err := kernel.ReadSysModule(sys, name)
 		if err != nil {
 			return nil, err
 		}
-		if m.RefCnt > len(m.Holders) {
+		held := slices.ContainsFunc(m.Holders, func(h string) bool { return slices.Contains(foreign, h) })
+		if m.RefCnt > len(m.Holders) || held {
 			busy = append(busy, name)
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sys/unix"
 
+	"github.com/driver-agent/driver-agent/pkg/daemon/daemontest"
 	"github.com/driver-agent/driver-agent/pkg/exitcode"
 	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
@@ -323,5 +324,93 @@ func TestFindTreeErrorNamesEachDirOnce(t *testing.T) {
 		if n := strings.Count(err.Error(), filepath.Join(dir, rel, "6.6.95-flatcar")+"/"); n != 1 {
 			t.Errorf("%s named %d times in %q", rel, n, err)
 		}
+	}
+}
+
+// holdDevice makes pid 4242 (python3) hold /dev/nvidia0 in the fake procfs, with a reference on
+// nvidia as the open device gives it.
+func (e *env) holdDevice(t *testing.T) {
+	t.Helper()
+	e.kernel.Use("nvidia", 1)
+	proc := e.roots.Proc
+	os.MkdirAll(filepath.Join(proc, "4242/fd"), 0o755)
+	os.Symlink("/dev/nvidia0", filepath.Join(proc, "4242/fd/3"))
+	os.WriteFile(filepath.Join(proc, "4242/comm"), []byte("python3\n"), 0o644)
+}
+
+// The wait for a driver in use is bounded by Timeout on the injected clock, every retry is logged
+// with the holder, and the end is the script's line: nothing is unloaded.
+func TestUnloadTimeoutLogsEachRetry(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, map[string]hosttest.FakeModule{"nvidia_uvm": {Deps: []string{"nvidia"}}})
+	e.kernel.Preload("nvidia", "nvidia_uvm")
+	e.holdDevice(t)
+	var logBuf bytes.Buffer
+	clock := daemontest.NewInstant(time.Unix(1000, 0))
+	u := Unloader{Host: e.host, Log: slog.New(slog.NewTextHandler(&logBuf, nil)), Timeout: time.Minute, Clock: clock}
+	err := u.Unload(context.Background(), []string{"nvidia_uvm", "nvidia"})
+	if !errors.Is(err, exitcode.ErrInUse) || !strings.Contains(err.Error(), "pid 4242 (python3) has /dev/nvidia0 open") || !strings.Contains(err.Error(), "after 1m0s") {
+		t.Fatalf("err = %v", err)
+	}
+	if waited := clock.Now().Sub(time.Unix(1000, 0)); waited != time.Minute {
+		t.Errorf("waited %s on the clock, want the timeout, 1m0s", waited)
+	}
+	waits := clock.Waits()
+	retries := strings.Count(logBuf.String(), `msg="NVIDIA driver kernel modules are in use; retrying"`)
+	if retries != len(waits) || retries < 10 || retries > 30 {
+		t.Errorf("%d retry lines for %d waits (%v)", retries, len(waits), waits)
+	}
+	if n := strings.Count(logBuf.String(), `held_by="pid 4242 (python3) has /dev/nvidia0 open"`); n != retries+1 {
+		t.Errorf("%d of %d lines name the holder:\n%s", n, retries+1, logBuf.String())
+	}
+	if !strings.Contains(logBuf.String(), `level=ERROR msg="Could not unload NVIDIA driver kernel modules, driver is in use" busy=nvidia`) {
+		t.Errorf("no line of its own with the script's message:\n%s", logBuf.String())
+	}
+	if calls := e.kernel.Calls(); len(calls) != 0 {
+		t.Errorf("calls %v: nothing may be removed while the driver is in use", calls)
+	}
+}
+
+// A holder module the caller did not name (gdrdrv, loaded by a sidecar) is a user of the driver:
+// nothing is removed and the error names it, unless UnloadForeign.
+func TestUnloadLeavesForeignHolders(t *testing.T) {
+	t.Parallel()
+	specs := map[string]hosttest.FakeModule{"nvidia_uvm": {Deps: []string{"nvidia"}}, "gdrdrv": {Deps: []string{"nvidia"}}}
+	e := newEnv(t, specs)
+	e.kernel.Preload("nvidia", "nvidia_uvm", "gdrdrv")
+	u := Unloader{Host: e.host, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Timeout: 10 * time.Second, Clock: daemontest.NewInstant(time.Unix(0, 0))}
+	err := u.Unload(context.Background(), []string{"nvidia_uvm", "nvidia"})
+	if !errors.Is(err, exitcode.ErrInUse) || !strings.Contains(err.Error(), "nvidia busy") || !strings.Contains(err.Error(), "module gdrdrv (not loaded by driver-agent") ||
+		!strings.Contains(err.Error(), "--unload-foreign-holders") || strings.Contains(err.Error(), "no process") {
+		t.Fatalf("err = %v", err)
+	}
+	if calls := e.kernel.Calls(); len(calls) != 0 {
+		t.Errorf("calls %v: nothing may be removed while a foreign module holds the driver", calls)
+	}
+	u.DryRun = true
+	if err := u.Unload(context.Background(), []string{"nvidia_uvm", "nvidia"}); !errors.Is(err, exitcode.ErrInUse) || len(e.kernel.Calls()) != 0 {
+		t.Errorf("dry run: %v, calls %v", err, e.kernel.Calls())
+	}
+	u.DryRun, u.UnloadForeign = false, true
+	if err := u.Unload(context.Background(), []string{"nvidia_uvm", "nvidia"}); err != nil {
+		t.Fatal(err)
+	}
+	if calls := e.kernel.Calls(); !slices.Equal(calls, []string{"unload gdrdrv", "unload nvidia_uvm", "unload nvidia"}) {
+		t.Errorf("with UnloadForeign: calls %v", calls)
+	}
+}
+
+// A cancelled context (a signal while waiting at start) ends the wait with its own error, not
+// as "in use".
+func TestUnloadCancelled(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	e.kernel.Preload("nvidia")
+	e.holdDevice(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := Unloader{Host: e.host, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Timeout: time.Hour}.Unload(ctx, []string{"nvidia"})
+	if !errors.Is(err, context.Canceled) || errors.Is(err, exitcode.ErrInUse) {
+		t.Errorf("err = %v", err)
 	}
 }
