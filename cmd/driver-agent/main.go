@@ -12,7 +12,8 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	// The signals NVIDIA's script traps: each one stops the agent as SIGTERM does.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGPIPE)
 	code := cli.Main(ctx, os.Args, os.Environ(), os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)

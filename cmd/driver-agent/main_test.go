@@ -1,16 +1,20 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"debug/elf"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/driver-agent/driver-agent/pkg/config"
 	"github.com/driver-agent/driver-agent/pkg/exitcode"
@@ -133,6 +137,79 @@ func TestBinary(t *testing.T) {
 			t.Errorf("json plan (exit %d):\n%s", code, jsonOut)
 		}
 	})
+}
+
+// TestScriptCLI: the options and commands of NVIDIA's nvidia-driver script, which the
+// gpu-operator's driver.args may pass, work: never a usage error for an option the script takes.
+func TestScriptCLI(t *testing.T) {
+	_, nvidiaDriver := build(t)
+	dir := hosttest.UnpackFile(t, "../../test/fixtures/ubuntu-nogpu.txtar")
+	r := hosttest.Roots(t, dir)
+	roots := []string{"--root", r.Root, "--host-root", r.HostRoot, "--proc", r.Proc, "--sys", r.Sys, "--dev", r.Dev, "--run", r.Run, "--drivers-dir", r.DriversDir}
+	env := []string{"DRIVER_VERSION=535.309.01"}
+
+	t.Run("init options", func(t *testing.T) {
+		args := append([]string{"init", "-a", "-m", "4", "--kernel", "5.4.0-bogus", "-s", "key1", "-t", "builtin", "--dry-run"}, roots...)
+		stdout, stderr, code := run(t, nvidiaDriver, env, args...)
+		if code != 0 || !strings.Contains(stdout, "Install path: compile") {
+			t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
+		}
+		for _, want := range []string{"-k/--kernel 5.4.0-bogus ignored: the agent installs for the running kernel", "-s/--sign key1 ignored", "-t/--tag builtin ignored"} {
+			if !strings.Contains(stderr, want) {
+				t.Errorf("log lacks %q:\n%s", want, stderr)
+			}
+		}
+		if _, stderr, code := run(t, nvidiaDriver, env, append([]string{"init", "-am4", "--dry-run"}, roots...)...); code != 0 || strings.Contains(stderr, "ignored") {
+			t.Errorf("-am4: exit %d\n%s", code, stderr)
+		}
+	})
+
+	t.Run("load never compiles", func(t *testing.T) {
+		stdout, stderr, code := run(t, nvidiaDriver, env, append([]string{"load", "--dry-run"}, roots...)...)
+		if code != 0 || !strings.Contains(stdout, "load never compiles (init does)") {
+			t.Errorf("exit %d\n%s\n%s", code, stdout, stderr)
+		}
+	})
+
+	t.Run("update names its replacement", func(t *testing.T) {
+		_, stderr, code := run(t, nvidiaDriver, env, "update", "-k", "6.1.0-57-amd64", "-t", "builtin")
+		if code != 2 || !strings.Contains(stderr, `"update" (NVIDIA's script builds a precompiled package with it) is not a command here`) ||
+			!strings.Contains(stderr, "nvidia-driver build --kernel-build-tree DIR") {
+			t.Errorf("exit %d\n%s", code, stderr)
+		}
+	})
+
+	// The script traps HUP, INT, QUIT, PIPE and TERM alike; so does the agent: each ends a waiting
+	// command as SIGTERM does (here the peermem sidecar's wait for MOFED), with exit 0.
+	for _, sig := range []syscall.Signal{syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGPIPE, syscall.SIGTERM} {
+		t.Run(sig.String(), func(t *testing.T) {
+			cmd := exec.Command(nvidiaDriver, "reload_nvidia_peermem", "--run", t.TempDir(), "--sys", t.TempDir(), "--proc", r.Proc)
+			stderr, err := cmd.StderrPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			lines := bufio.NewScanner(stderr)
+			for lines.Scan() && !strings.Contains(lines.Text(), "waiting for mellanox ofed") {
+			}
+			cmd.Process.Signal(sig)
+			go io.Copy(io.Discard, stderr)
+			exited := make(chan error, 1)
+			go func() { exited <- cmd.Wait() }()
+			select {
+			case err := <-exited:
+				if err != nil {
+					t.Errorf("after %v: %v, want exit 0", sig, err)
+				}
+			case <-time.After(10 * time.Second):
+				cmd.Process.Kill()
+				<-exited
+				t.Errorf("still running 10s after %v", sig)
+			}
+		})
+	}
 }
 
 // progName matches the program name in usage text, not in file names like nvidia-driver.pid.

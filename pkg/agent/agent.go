@@ -60,6 +60,9 @@ type Agent struct {
 	Now func() time.Time
 	// Clock times the unload's retries and its bound at start; nil means the wall clock.
 	Clock daemon.Clock
+	// LoadOnly is the load command (NVIDIA's script's load-only run): never compile; exit 11 when
+	// no precompiled package or cached build matches.
+	LoadOnly bool
 	// Reaper starts and waits for every child process (daemons, the linker); required unless
 	// DryRun.
 	Reaper *daemon.Reaper

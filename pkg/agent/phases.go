@@ -82,6 +82,9 @@ func (r *run) decide(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		if found.Path == PathCompile && r.LoadOnly {
+			return fmt.Errorf("%w: %s; load never compiles (init does)", exitcode.ErrNoInstallPath, found.Reason)
+		}
 		found.Flavor, found.FlavorReason = d.Flavor, d.FlavorReason
 		d = found
 		if nvLoaded {

@@ -19,6 +19,7 @@ import (
 	"github.com/driver-agent/driver-agent/pkg/daemon"
 	"github.com/driver-agent/driver-agent/pkg/exitcode"
 	"github.com/driver-agent/driver-agent/pkg/host"
+	"github.com/driver-agent/driver-agent/pkg/kernel"
 	"github.com/driver-agent/driver-agent/pkg/lock"
 	"github.com/driver-agent/driver-agent/pkg/modules"
 	"github.com/driver-agent/driver-agent/pkg/status"
@@ -51,8 +52,11 @@ func Main(ctx context.Context, argv, environ []string, stdout, stderr io.Writer)
 		args = args[1:]
 	}
 	switch cmd {
-	case "init":
-		return runInit(ctx, prog, args, environ, stdout, stderr)
+	case "init", "load":
+		return runInit(ctx, prog, cmd, args, environ, stdout, stderr)
+	case "update":
+		fmt.Fprint(stderr, updateReplaced(prog))
+		return exitcode.Code(exitcode.ErrUsage)
 	case "status":
 		return runStatus(prog, args, environ, stdout, stderr)
 	case "unload":
@@ -85,6 +89,7 @@ func usage(w io.Writer, prog string) {
 
 Commands:
   init        install and load the NVIDIA driver, start its daemons, share the driver root, wait for SIGTERM
+  load        init with prebuilt modules only (a precompiled package or the cache): never compiles
   status      print what the running agent is doing (--output json for scripts)
   unload      unload the NVIDIA modules (holders first); refuses while init runs
   reload_nvidia_peermem, probe_nvidia_peermem
@@ -99,7 +104,20 @@ Commands:
   help        this text; "help init" lists every flag, "help exit-codes" the exit codes
 
 "%[1]s --dry-run" is "%[1]s init --dry-run": decide and print the plan without changing anything.
-Flags without a command mean init.
+Flags without a command mean init. NVIDIA's script's "update" is replaced by "build" (run "%[1]s update"
+for how).
+`, prog)
+}
+
+// updateReplaced says what replaces NVIDIA's script's update command, which builds a precompiled
+// package for a kernel on the node or at image build.
+func updateReplaced(prog string) string {
+	return fmt.Sprintf(`%[1]s: "update" (NVIDIA's script builds a precompiled package with it) is not a command here.
+  On a node, "%[1]s init" compiles when no precompiled package matches the running kernel, and
+  keeps the modules in its cache (--cache-dir) for the next start.
+  For an image, build the package with
+    %[1]s build --kernel-build-tree DIR (--kernel-banner FILE | --proc DIR) -o PKG
+  ("%[1]s fetch-build-tree" downloads a Flatcar release's build tree and kernel; "%[1]s build --help").
 `, prog)
 }
 
@@ -149,12 +167,17 @@ func newLogger(cfg *config.Config, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
-func runInit(ctx context.Context, prog string, args, environ []string, stdout, stderr io.Writer) int {
-	cfg, code := parse(prog, "init", args, environ, stderr)
+// runInit runs init, or load: init that never compiles (NVIDIA's script's load-only command).
+func runInit(ctx context.Context, prog, cmd string, args, environ []string, stdout, stderr io.Writer) int {
+	cfg, code := parse(prog, cmd, args, environ, stderr)
 	if cfg == nil {
 		return code
 	}
 	log := newLogger(cfg, stderr).With("node", cfg.NodeName)
+	release, _ := kernel.Release(cfg.Proc)
+	for _, note := range cfg.Script.Notes(release) {
+		log.Warn(note)
+	}
 	if err := cfg.ValidateInit(); err != nil {
 		if !cfg.DryRun {
 			fmt.Fprintf(stderr, "%s: %v\n", prog, err)
@@ -167,7 +190,7 @@ func runInit(ctx context.Context, prog string, args, environ []string, stdout, s
 			"host_root", cfg.HostRoot, "fallback", cfg.HostRootFallback, "error", err)
 		cfg.HostRoot = cfg.HostRootFallback
 	}
-	a := &agent.Agent{Config: cfg, Log: log, Out: stdout, Terminal: terminal(stderr), Version: version}
+	a := &agent.Agent{Config: cfg, Log: log, Out: stdout, Terminal: terminal(stderr), Version: version, LoadOnly: cmd == "load"}
 	if cfg.DryRun {
 		a.Recorder = &host.Recorder{}
 		a.Host = host.DryRun(cfg.Roots, a.Recorder)

@@ -65,6 +65,8 @@ type Config struct {
 	NVFM             map[string]string // NVFM_CONFIG_<KEY>=value overrides for fabricmanager.cfg
 	DriverType       string            // passthrough or vgpu (a vGPU guest: nvidia-gridd, nvidia-topologyd)
 	VGPULicenseType  string            // NLS copies <drivers-dir>/ClientConfigToken/* for nvidia-gridd
+
+	Script ScriptFlags // NVIDIA's script's options without a setting here (-a, -k, -s, -t)
 }
 
 // Option describes one flag and its environment variable.
@@ -311,18 +313,27 @@ func Parse(name string, args []string, environ []string, stderr io.Writer) (*Con
 	fs.SetOutput(stderr)
 	opts := Options()
 	vals := make([]*value, len(opts))
+	var script ScriptFlags
 	for i, o := range opts {
 		vals[i] = &value{isBool: o.Bool, repeat: o.Repeat}
 		fs.Var(vals[i], o.Flag, o.Usage+" ["+o.Env+"]")
+		if o.Flag == "max-threads" {
+			registerScriptFlags(fs, &script, vals[i])
+		}
 	}
 	fs.Usage = func() { Usage(stderr, name) }
-	if err := fs.Parse(args); err != nil {
+	isFlag := func(n string) bool { return fs.Lookup(n) != nil }
+	isBool := func(n string) bool {
+		b, ok := fs.Lookup(n).Value.(interface{ IsBoolFlag() bool })
+		return ok && b.IsBoolFlag()
+	}
+	if err := fs.Parse(expandScriptShort(args, isFlag, isBool)); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, nil, err
 		}
 		return nil, nil, fmt.Errorf("%w: %w", exitcode.ErrUsage, err)
 	}
-	c := &Config{}
+	c := &Config{Script: script}
 	var errs []error
 	for i, o := range opts {
 		text, from := o.Default, "default of --"+o.Flag
@@ -402,4 +413,5 @@ func Usage(w io.Writer, name string) {
 		fmt.Fprintf(w, "  --%s\t%s%s [%s]\n", o.Flag, o.Usage, def, o.Env)
 	}
 	fmt.Fprintf(w, "  NVFM_CONFIG_<KEY>=value\tset KEY=value in the fabric manager configuration\n")
+	scriptUsage(w)
 }

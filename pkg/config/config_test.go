@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -152,4 +153,75 @@ func TestUsageErrors(t *testing.T) {
 	if !errors.Is(err, flag.ErrHelp) || !strings.Contains(help.String(), "[DRIVER_VERSION]") {
 		t.Errorf("help: %v\n%s", err, help.String())
 	}
+}
+
+// NVIDIA's script's options parse in getopt's forms: -m is --max-threads, -a is accepted, -k, -s
+// and -t are kept for their warnings; none is a usage error.
+func TestScriptFlags(t *testing.T) {
+	want := ScriptFlags{AcceptLicense: true, Kernel: "6.1.0-57-amd64", Sign: "key1", Tag: "builtin"}
+	for _, args := range [][]string{
+		{"-a", "-m", "4", "-k", "6.1.0-57-amd64", "-s", "key1", "-t", "builtin"},
+		{"--accept-license", "--max-threads=4", "--kernel", "6.1.0-57-amd64", "--sign=key1", "--tag", "builtin"},
+		{"-am4", "-k6.1.0-57-amd64", "-skey1", "-tbuiltin"},
+		{"-am", "4", "--dry-run", "-k", "6.1.0-57-amd64", "-s", "key1", "-t=builtin"},
+	} {
+		c, rest, err := Parse("t", args, nil, io.Discard)
+		if err != nil {
+			t.Errorf("%q: %v", args, err)
+			continue
+		}
+		if c.MaxThreads != 4 || c.Script != want || len(rest) != 0 {
+			t.Errorf("%q: max threads %d, script %+v, rest %q", args, c.MaxThreads, c.Script, rest)
+		}
+	}
+	c, _, err := Parse("t", []string{"-m", "lots"}, nil, io.Discard)
+	if !errors.Is(err, exitcode.ErrConfig) || c != nil {
+		t.Errorf("-m lots: %v, want a config error", err)
+	}
+	if _, _, err := Parse("t", []string{"-ax"}, nil, io.Discard); !errors.Is(err, exitcode.ErrUsage) {
+		t.Errorf("-ax: %v, want a usage error", err)
+	}
+	// A value is never taken apart, and the agent's own one-dash flags stay whole.
+	c, _, err = Parse("t", []string{"--persistenced-args", "-am4", "-sys", "/s", "-kernel", "6.1"}, nil, io.Discard)
+	if err != nil || strings.Join(c.PersistencedArgs, " ") != "-am4" || c.Sys != "/s" || c.Script.Kernel != "6.1" || c.Script.AcceptLicense {
+		t.Errorf("%+v, %v", c, err)
+	}
+	notes := strings.Join(want.Notes("6.1.0-57-amd64"), "\n")
+	for _, w := range []string{"-s/--sign key1 ignored", "--require-signed", "-t/--tag builtin ignored"} {
+		if !strings.Contains(notes, w) {
+			t.Errorf("notes lack %q:\n%s", w, notes)
+		}
+	}
+	if strings.Contains(notes, "--kernel") {
+		t.Errorf("-k naming the running kernel is warned about:\n%s", notes)
+	}
+	if n := want.Notes("6.6.95-flatcar"); !strings.Contains(n[0], "-k/--kernel 6.1.0-57-amd64 ignored: the agent installs for the running kernel (6.6.95-flatcar)") {
+		t.Errorf("notes %q", n)
+	}
+}
+
+func FuzzExpandScriptShort(f *testing.F) {
+	f.Add("-am4 -k 6.1 --tag builtin")
+	f.Add("--root / -m -a -s")
+	f.Add("-x -- -am4")
+	fs := flag.NewFlagSet("fuzz", flag.ContinueOnError)
+	for _, n := range []string{"root", "m", "k", "s", "t", "sys"} {
+		fs.String(n, "", "")
+	}
+	fs.Bool("a", false, "")
+	isFlag := func(n string) bool { return fs.Lookup(n) != nil }
+	isBool := func(n string) bool { return n == "a" }
+	f.Fuzz(func(t *testing.T, line string) {
+		args := strings.Fields(line)
+		once := expandScriptShort(args, isFlag, isBool)
+		if len(once) < len(args) {
+			t.Fatalf("%q -> %q lost arguments", args, once)
+		}
+		if twice := expandScriptShort(once, isFlag, isBool); !slices.Equal(once, twice) {
+			t.Fatalf("not idempotent: %q -> %q -> %q", args, once, twice)
+		}
+		if strings.ReplaceAll(strings.Join(once, ""), "-", "") != strings.ReplaceAll(strings.Join(args, ""), "-", "") {
+			t.Fatalf("%q -> %q changed the text", args, once)
+		}
+	})
 }
