@@ -51,6 +51,8 @@ func groups() []group {
 			scenarios: []string{"compressed-prereqs", "enodev", "sigterm-during-load", "no-match"}},
 		{name: "fabric", packages: true, timeout: 4 * time.Minute,
 			scenarios: []string{"fabric-manager", "fabric-manager-dies"}},
+		{name: "holders", packages: true, timeout: 4 * time.Minute,
+			scenarios: []string{"in-use-at-start", "foreign-holder"}},
 	}
 }
 
@@ -303,7 +305,7 @@ func guestMS(details string) string {
 func (h *harness) initramfs(g group, file string) (int64, error) {
 	r := h.baseRootfs(g, driverVersion)
 	std := h.standins["standard"]
-	for _, m := range []string{"nvidia.ko", "nvidia-uvm.ko", "nvidia-modeset.ko", "nvswitch-standin.ko"} {
+	for _, m := range []string{"nvidia.ko", "nvidia-uvm.ko", "nvidia-modeset.ko", "nvswitch-standin.ko", "gdrdrv.ko"} {
 		r.file("vmtest/ko/standard/"+m, 0o644, std.path(m))
 	}
 	r.file("vmtest/ko/enodev/nvidia.ko", 0o644, h.standins["enodev"].path("nvidia.ko"))

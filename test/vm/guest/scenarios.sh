@@ -193,6 +193,74 @@ scn_in_use() {
 	ready && fail "$STATUS still says Ready"
 }
 
+# in-use-at-start: an agent was killed while ready and a process (sleep) holds /dev/nvidia0; a new
+# agent with another digest must unload the old driver first. With DRIVER_AGENT_UNLOAD_TIMEOUT=5s
+# it retries for 5 s, naming the holder in every retry, then exits 10 with the script's line and
+# the holder in the termination log, having loaded, unloaded and stored nothing.
+scn_in_use_at_start() {
+	local log=/tmp/in-use-start.log id before t1 ms retries
+	crash_after_ready /tmp/in-use-start-setup.log vmtest-a || return
+	hold /dev/nvidia0 || { fail "the holder could not open /dev/nvidia0"; return; }
+	id=$(load_id)
+	before=$(modules_snapshot)
+	: >"$TERMINATION_LOG"
+	AGENT_EXTRA_ENV="DRIVER_AGENT_UNLOAD_TIMEOUT=5s"
+	agent_start "$log" vmtest-b
+	if ! wait_until 60 grep -q "Unloading NVIDIA driver kernel modules" "$log"; then
+		fail "the agent never started to unload the old driver: $(last_error "$log")"
+		agent_stop KILL 5
+		return
+	fi
+	t1=$(now_ms)
+	agent_wait_exit 30
+	ms=$(($(now_ms) - t1))
+	check_eq "exit code with the old driver in use" "$AGENT_RC" 10
+	note "unload to exit ${ms}ms"
+	[ "$ms" -ge 4800 ] && [ "$ms" -le 8000 ] || fail "exit ${ms}ms after the unload began, want about the 5 s bound"
+	retries=$(grep -c "NVIDIA driver kernel modules are in use; retrying" "$log")
+	[ "$retries" -ge 3 ] || fail "$retries retry lines in the log"
+	check_eq "retry lines naming pid $HOLDER_PID (sleep)" "$(grep "in use; retrying" "$log" | grep -c "pid $HOLDER_PID (sleep) has /dev/nvidia0 open")" "$retries"
+	grep -q 'level=ERROR msg="Could not unload NVIDIA driver kernel modules, driver is in use"' "$log" || fail "no line of its own with the script's message"
+	grep -q "driver-agent exit 10: .*driver is in use.*pid $HOLDER_PID (sleep)" "$TERMINATION_LOG" || fail "$TERMINATION_LOG: '$(readv "$TERMINATION_LOG" | cut -c1-300)'"
+	check_eq "nvidia load id (nothing reloaded)" "$(load_id)" "$id"
+	check_eq "modules (nothing loaded or unloaded)" "$(modules_snapshot)" "$before"
+	check_eq "$STATE (the old digest kept)" "$(readv "$STATE")" vmtest-a
+	ready && fail "$STATUS says Ready"
+}
+
+# foreign-holder: a module the agent did not load (a gdrdrv stand-in, as the GDRCopy sidecar
+# loads it) holds nvidia when SIGTERM comes: the agent leaves it and the driver loaded, names it,
+# and exits 10 within the shutdown deadline. `driver-agent unload` refuses the same way;
+# `driver-agent unload --unload-foreign-holders` removes it and the driver.
+scn_foreign_holder() {
+	local log=/tmp/foreign.log m
+	start_ready "$log" vmtest-a || return
+	insmod "$KO/standard/gdrdrv.ko" || { fail "insmod gdrdrv.ko failed"; agent_stop TERM 30; return; }
+	[ -e /sys/module/nvidia/holders/gdrdrv ] || fail "gdrdrv is not a holder of nvidia"
+	: >"$TERMINATION_LOG"
+	agent_stop TERM $((SHUTDOWN_TIMEOUT_S + 10))
+	check_eq "exit code with gdrdrv loaded" "$AGENT_RC" 10
+	[ "$AGENT_STOP_MS" -le $(((SHUTDOWN_TIMEOUT_S + 2) * 1000)) ] || fail "took ${AGENT_STOP_MS}ms, deadline ${SHUTDOWN_TIMEOUT_S}s"
+	note "stop ${AGENT_STOP_MS}ms"
+	for m in gdrdrv nvidia nvidia_uvm nvidia_modeset; do
+		mod_loaded "$m" || fail "$m unloaded although gdrdrv holds the driver"
+	done
+	grep -q "module gdrdrv (not loaded by driver-agent" "$log" || fail "the log does not name gdrdrv"
+	grep -q "driver-agent exit 10: .*module gdrdrv" "$TERMINATION_LOG" || fail "$TERMINATION_LOG: '$(readv "$TERMINATION_LOG" | cut -c1-300)'"
+	mounted_under "$DRIVER_ROOT" && fail "$DRIVER_ROOT still mounted"
+	persistenced_running && fail "nvidia-persistenced stand-in still running"
+	ready && fail "$STATUS still says Ready"
+
+	keep_log /tmp/unload.log
+	env DRIVER_AGENT_SHUTDOWN_TIMEOUT=3s driver-agent unload >/tmp/unload.log 2>&1
+	check_eq "driver-agent unload exit code with gdrdrv loaded" "$?" 10
+	mod_loaded gdrdrv || fail "driver-agent unload removed gdrdrv"
+	env DRIVER_AGENT_SHUTDOWN_TIMEOUT=3s driver-agent unload --unload-foreign-holders >>/tmp/unload.log 2>&1
+	check_eq "driver-agent unload --unload-foreign-holders exit code" "$?" 0
+	[ -z "$(nv_modules)" ] || fail "left loaded: $(nv_modules)"
+	mod_loaded gdrdrv && fail "gdrdrv left loaded by --unload-foreign-holders"
+}
+
 # hold NODE: a background process (command "sleep") keeps NODE open on fd 3; sets HOLDER_PID.
 hold() {
 	HOLDER_NODE=$1
