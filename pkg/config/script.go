@@ -16,16 +16,11 @@ type ScriptFlags struct {
 	Tag           string // -t/--tag TAG: the script's PACKAGE_TAG (builtin skips the package cache update)
 }
 
-// scriptFlag is one of the script's option names: the short letter, the long name, and whether
-// it takes a value.
-type scriptFlag struct {
-	short, long string
-	value       bool
-}
-
-func scriptFlags() []scriptFlag {
-	return []scriptFlag{{"a", "accept-license", false}, {"m", "max-threads", true}, {"k", "kernel", true}, {"s", "sign", true}, {"t", "tag", true}}
-}
+// The script's short options, and those of them that take a value.
+const (
+	scriptShort      = "amkst"
+	scriptShortValue = "mkst"
+)
 
 // registerScriptFlags adds the script's names to fs: -m shares maxThreads with --max-threads, the
 // others fill c.Script.
@@ -107,17 +102,12 @@ func splitCluster(s string) (words []string, needsValue, ok bool) {
 		return nil, false, false
 	}
 	for i := 0; i < len(s); i++ {
-		var f *scriptFlag
-		for _, sf := range scriptFlags() {
-			if sf.short == s[i:i+1] {
-				f = &sf
-			}
-		}
-		if f == nil {
+		c := s[i : i+1]
+		if !strings.Contains(scriptShort, c) {
 			return nil, false, false
 		}
-		words = append(words, "-"+f.short)
-		if f.value {
+		words = append(words, "-"+c)
+		if strings.Contains(scriptShortValue, c) {
 			if rest := s[i+1:]; rest != "" {
 				return append(words, rest), false, true
 			}
