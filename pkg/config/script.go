@@ -119,7 +119,7 @@ func splitCluster(s string) (words []string, needsValue, ok bool) {
 
 // scriptUsage writes the script's options for the help text.
 func scriptUsage(w io.Writer) {
-	fmt.Fprintf(w, "\nNVIDIA's nvidia-driver script's options, accepted for the gpu-operator's driver.args:\n")
+	fmt.Fprintf(w, "\nThe options of NVIDIA's driver-container script, accepted for the gpu-operator's driver.args:\n")
 	fmt.Fprintf(w, "  -a, --accept-license\taccepted; there is no licence prompt to answer\n")
 	fmt.Fprintf(w, "  -m, --max-threads N\tthe same as --max-threads\n")
 	fmt.Fprintf(w, "  -k, --kernel KVER\tthe running kernel is always used; another one is warned about\n")
