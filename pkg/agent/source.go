@@ -259,7 +259,7 @@ func classifyCompile(err error) error {
 		return err
 	case errors.Is(err, compile.ErrImpossible):
 		return fmt.Errorf("%w: %w", exitcode.ErrNoInstallPath, err)
-	case errors.Is(err, flatcar.ErrVerify), errors.Is(err, flatcar.ErrNotFound), errors.Is(err, flatcar.ErrUnreachable),
+	case errors.Is(err, flatcar.ErrVerify), errors.Is(err, flatcar.ErrNotFound), errors.Is(err, flatcar.ErrUnreachable), errors.Is(err, flatcar.ErrRedirect),
 		errors.Is(err, flatcar.ErrNoBuildTree), errors.Is(err, flatcar.ErrInvalid), errors.Is(err, extract.ErrUnsafe), errors.Is(err, extract.ErrTooLarge):
 		return fmt.Errorf("%w: %w", exitcode.ErrDownload, err)
 	}

@@ -197,11 +197,17 @@ func Options() []Option {
 		ag(Option{Flag: "require-signed", Default: "false", Bool: true, Usage: "refuse modules whose stored signature cannot be re-attached", set: boolean(func(c *Config) *bool { return &c.RequireSigned })}),
 		ag(Option{Flag: "work-dir", Usage: "where the compile path extracts the kernel build tree and builds (default: the system temporary directory); needs about 2 GiB", set: optionalPath(func(c *Config) *string { return &c.WorkDir })}),
 		ag(Option{Flag: "kernel-build-tree", Usage: "a kernel build tree (the directory with the kernel's Makefile and .config) to compile against when the host has none", set: optionalPath(func(c *Config) *string { return &c.KernelBuildTree })}),
-		ag(Option{Flag: "flatcar-release-url", Repeat: true, Usage: "release server URL template, repeatable, tried in order; {channel}, {board}, {arch} and {version} are filled in (default: Flatcar's release servers, then its bincache)", set: func(c *Config, v string) error {
+		ag(Option{Flag: "flatcar-release-url", Repeat: true, Usage: "release server URL template (http or https, or a local mirror as file:///dir or /dir), repeatable, tried in order; {channel}, {board}, {arch} and {version} are filled in (default: Flatcar's release servers, then its bincache)", set: func(c *Config, v string) error {
 			var urls []string
 			for _, u := range strings.Fields(v) {
-				if !strings.HasPrefix(u, "https://") && !strings.HasPrefix(u, "http://") {
-					return errors.New("want http:// or https:// URLs")
+				switch {
+				case strings.HasPrefix(u, "https://"), strings.HasPrefix(u, "http://"), strings.HasPrefix(u, "file:///"):
+				case strings.HasPrefix(u, "/") && !strings.ContainsAny(u, "%?#"):
+					// A mirror in a local directory. Only a URL configured here may be local:
+					// a server's redirect to file:// is refused.
+					u = "file://" + u
+				default:
+					return errors.New("want http://, https:// or file:/// URLs, or absolute paths")
 				}
 				urls = append(urls, u)
 			}

@@ -66,7 +66,7 @@ func TestEveryValidationError(t *testing.T) {
 		{"DRIVER_AGENT_REQUIRE_SIGNED=maybe", `DRIVER_AGENT_REQUIRE_SIGNED="maybe": want true or false`},
 		{"DRIVER_AGENT_WORK_DIR=tmp", `DRIVER_AGENT_WORK_DIR="tmp": want an absolute path`},
 		{"DRIVER_AGENT_KERNEL_BUILD_TREE=build", `DRIVER_AGENT_KERNEL_BUILD_TREE="build": want an absolute path`},
-		{"DRIVER_AGENT_FLATCAR_RELEASE_URL=https://m.example/{version} ftp://m.example/", `DRIVER_AGENT_FLATCAR_RELEASE_URL="https://m.example/{version} ftp://m.example/": want http:// or https:// URLs`},
+		{"DRIVER_AGENT_FLATCAR_RELEASE_URL=https://m.example/{version} ftp://m.example/", `DRIVER_AGENT_FLATCAR_RELEASE_URL="https://m.example/{version} ftp://m.example/": want http://, https:// or file:/// URLs, or absolute paths`},
 		{"DRIVER_AGENT_FLATCAR_SIGNING_KEY=key.asc", `DRIVER_AGENT_FLATCAR_SIGNING_KEY="key.asc": want an absolute path`},
 		{"DRIVER_AGENT_INSECURE_SKIP_VERIFY=yes", `DRIVER_AGENT_INSECURE_SKIP_VERIFY="yes": want true or false`},
 		{"DRIVER_AGENT_CC=gcc -m64", `DRIVER_AGENT_CC="gcc -m64": want a compiler name or path without spaces`},
@@ -127,6 +127,24 @@ func TestModuleParams(t *testing.T) {
 	}
 	if _, _, err := Parse("t", []string{"--module-param", "nvidia.x=\x01"}, nil, io.Discard); err == nil {
 		t.Error("control character accepted")
+	}
+}
+
+// TestFlatcarReleaseURLs: remote mirrors, and local ones given as file:/// URLs or absolute paths.
+func TestFlatcarReleaseURLs(t *testing.T) {
+	t.Parallel()
+	c, _, err := Parse("t", []string{"--flatcar-release-url", "https://m.example/{version}/ file:///mnt/a/{version}/", "--flatcar-release-url", "/mnt/b/{channel}/{board}/{version}/"}, nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"https://m.example/{version}/", "file:///mnt/a/{version}/", "file:///mnt/b/{channel}/{board}/{version}/"}
+	if !slices.Equal(c.FlatcarReleaseURLs, want) {
+		t.Errorf("URLs %q, want %q", c.FlatcarReleaseURLs, want)
+	}
+	for _, bad := range []string{"mirror/{version}/", "file://host/x/", "/mnt/100%/{version}/", "/mnt/a?b/"} {
+		if _, _, err := Parse("t", []string{"--flatcar-release-url", bad}, nil, io.Discard); !errors.Is(err, exitcode.ErrConfig) {
+			t.Errorf("%q: %v, want a config error", bad, err)
+		}
 	}
 }
 

@@ -77,6 +77,10 @@ var (
 	// ErrNoBuildTree means the release's tarball has no build tree for the
 	// kernel release asked for.
 	ErrNoBuildTree = errors.New("no kernel build tree in the release")
+	// ErrRedirect means a server redirected to a URL that is not http or
+	// https (a file:// URL would make a remote answer read the node's own
+	// files); it is not retried, nor are other servers tried.
+	ErrRedirect = errors.New("redirect refused")
 	// ErrInvalid means a bad argument or option.
 	ErrInvalid = errors.New("invalid input")
 )
@@ -88,7 +92,8 @@ type Options struct {
 	// in order. Placeholders: {channel} (a template with it is tried once
 	// per channel: the release's own, the one its version belongs to, then
 	// stable, beta, alpha, lts), {board} (amd64-usr), {arch} (amd64) and
-	// {version} (4593.2.0). http, https and file URLs work. Empty means
+	// {version} (4593.2.0). http, https and file URLs work; a server's
+	// redirect is followed only to http and https URLs. Empty means
 	// DefaultURLs(). A mirror that copies the release server's layout is
 	// "https://mirror.example/flatcar/{channel}/{board}/{version}/".
 	URLs []string
@@ -100,13 +105,15 @@ type Options struct {
 	// logs a warning.
 	InsecureSkipVerify bool
 	// Client makes the requests; nil means a client that honours
-	// HTTPS_PROXY/HTTP_PROXY/NO_PROXY and the timeouts below.
+	// HTTPS_PROXY/HTTP_PROXY/NO_PROXY and the timeouts below. Either way
+	// the Fetcher refuses redirects to other schemes than http and https.
 	Client *http.Client
 	// ConnectTimeout bounds connecting, including TLS (default 30s).
 	ConnectTimeout time.Duration
 	// ResponseTimeout bounds the wait for response headers (default 60s).
 	ResponseTimeout time.Duration
-	// StallTimeout bounds the wait for the next bytes of a body (default 60s).
+	// StallTimeout bounds the wait for the next bytes of every body, the
+	// DIGESTS as much as the tarball (default 60s).
 	StallTimeout time.Duration
 	// Retries is the number of retries after a network error or a 5xx
 	// answer, and of resumed requests after a broken download (default 3,
@@ -168,6 +175,7 @@ func New(opts Options) (*Fetcher, error) {
 	if f.client == nil {
 		f.client = newClient(&f.opts)
 	}
+	f.client = httpRedirectsOnly(f.client)
 	key := opts.Keyring
 	if key == nil {
 		key = signingKey
@@ -376,6 +384,9 @@ func (f *Fetcher) fetchFrom(ctx context.Context, base candidate, rel Release, kv
 		if b.err != nil { // the root cause; gunzip and tar report it as their own
 			return nil, b.err
 		}
+		if b.off == 0 {
+			return nil, emptyBody(imageURL, sum)
+		}
 		if errors.Is(err, extract.ErrUnsafe) || errors.Is(err, extract.ErrTooLarge) || ctx.Err() != nil {
 			return nil, err
 		}
@@ -399,6 +410,19 @@ func (f *Fetcher) fetchFrom(ctx context.Context, base candidate, rel Release, kv
 		return nil, err
 	}
 	return tree, nil
+}
+
+// emptyBody is the error for a release file that came with no bytes at all, given the digest
+// that the DIGESTS list for it (nil when there are none).
+func emptyBody(u string, sum []byte) error {
+	empty := sha512.Sum512(nil)
+	switch {
+	case sum == nil:
+		return fmt.Errorf("%w: %s is empty (0 bytes) and unverified (no DIGESTS): the server sent nothing", ErrVerify, u)
+	case slices.Equal(sum, empty[:]):
+		return fmt.Errorf("%w: %s is empty (0 bytes), as its signed DIGESTS say: not a Flatcar container image (SHA512 %x is the empty file's)", ErrVerify, u, sum)
+	}
+	return fmt.Errorf("%w: %s is empty (0 bytes) but the signed DIGESTS give SHA512 %x: the download is not the published file", ErrVerify, u, sum)
 }
 
 // stream gunzips and extracts r into staging and reads r to its end, so
@@ -472,7 +496,8 @@ func (f *Fetcher) place(staging, dest string, tree *Tree, w *want) error {
 // of the file it is for and the signer. With InsecureSkipVerify the
 // signature is not checked and a missing file is no error (nil digest).
 func (f *Fetcher) signedDigest(ctx context.Context, u string) (sum []byte, signer string, err error) {
-	resp, err := f.get(ctx, u, nil)
+	// Read through body like the tarball: StallTimeout bounds the wait for each byte.
+	b, err := f.openBody(ctx, u)
 	if err != nil {
 		if f.opts.InsecureSkipVerify && errors.Is(err, ErrNotFound) {
 			f.log.Warn("INSECURE: no DIGESTS for the Flatcar release; its integrity is not checked", "url", u)
@@ -480,11 +505,12 @@ func (f *Fetcher) signedDigest(ctx context.Context, u string) (sum []byte, signe
 		}
 		return nil, "", err
 	}
-	defer resp.Body.Close()
+	defer b.Close()
+	b.broken = ErrUnreachable // another server may have them
 	const maxDigests = 1 << 20
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxDigests+1))
+	data, err := io.ReadAll(io.LimitReader(b, maxDigests+1))
 	if err != nil {
-		return nil, "", fmt.Errorf("%w: read %s: %w", ErrUnreachable, u, err)
+		return nil, "", err
 	}
 	if len(data) > maxDigests {
 		return nil, "", fmt.Errorf("%w: %s is larger than %d bytes", ErrVerify, u, maxDigests)

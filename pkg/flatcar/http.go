@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,6 +33,31 @@ func newClient(o *Options) *http.Client {
 	}
 	tr.RegisterProtocol("file", http.NewFileTransport(http.Dir("/")))
 	return &http.Client{Transport: tr}
+}
+
+// maxRedirects is how many redirects one request follows, as net/http's default.
+const maxRedirects = 10
+
+// httpRedirectsOnly returns a copy of c that follows redirects only to http and https URLs, so
+// that a server's answer never reaches the node's files (file://) or another protocol; only the
+// configured base URLs may be file:// URLs. c's own redirect policy, if any, applies after.
+func httpRedirectsOnly(c *http.Client) *http.Client {
+	cc := *c
+	next := c.CheckRedirect
+	cc.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		if s := req.URL.Scheme; s != "http" && s != "https" {
+			return fmt.Errorf("%w: %s redirected to %s; a release server may redirect only to http and https URLs (a mirror in a local directory must be set as the release URL itself, --flatcar-release-url file:///...)",
+				ErrRedirect, via[len(via)-1].URL.Redacted(), req.URL.Redacted())
+		}
+		if next != nil {
+			return next(req, via)
+		}
+		if len(via) >= maxRedirects {
+			return fmt.Errorf("stopped after %d redirects", maxRedirects)
+		}
+		return nil
+	}
+	return &cc
 }
 
 // errRetryable marks a failure worth another attempt: a network error or a
@@ -83,6 +109,9 @@ func (f *Fetcher) try(ctx context.Context, u string, header http.Header) (*http.
 	}
 	req.Header.Set("User-Agent", "driver-agent")
 	resp, err := f.client.Do(req)
+	if ue := (*url.Error)(nil); errors.As(err, &ue) && errors.Is(err, ErrRedirect) {
+		return nil, ue.Err // not retried; its message names both URLs
+	}
 	if err != nil {
 		return nil, retryable(err)
 	}
@@ -145,6 +174,10 @@ type body struct {
 	// server gave neither, which rules out resuming.
 	validator string
 	resumes   int
+	// broken classes a download that broke off for good: ErrVerify for a release file (the
+	// bytes so far are not the published file), ErrUnreachable for its DIGESTS (another
+	// server may have them).
+	broken error
 
 	rc     io.ReadCloser
 	cancel context.CancelFunc
@@ -158,7 +191,7 @@ type body struct {
 }
 
 func (f *Fetcher) openBody(ctx context.Context, u string) (*body, error) {
-	b := &body{f: f, ctx: ctx, url: u}
+	b := &body{f: f, ctx: ctx, url: u, broken: ErrVerify}
 	resp, err := b.request(nil)
 	if err != nil {
 		return nil, err
@@ -240,7 +273,7 @@ func (b *body) Read(p []byte) (int, error) {
 // resume replaces the failed connection with a range request for the rest.
 func (b *body) resume(cause error) error {
 	b.closeConn()
-	truncated := fmt.Errorf("%w: download of %s broke off after %d of %d bytes: %w", ErrVerify, b.url, b.off, b.size, cause)
+	truncated := fmt.Errorf("%w: download of %s broke off after %d of %d bytes: %w", b.broken, b.url, b.off, b.size, cause)
 	if b.size < 0 || b.validator == "" {
 		return truncated
 	}
