@@ -108,6 +108,25 @@ func TestBinary(t *testing.T) {
 		}
 	})
 
+	t.Run("bad module parameter file exits 3 before any side effect", func(t *testing.T) {
+		dir := hosttest.UnpackFile(t, "../../test/fixtures/ubuntu-nogpu.txtar")
+		r := hosttest.Roots(t, dir)
+		conf := filepath.Join(r.DriversDir, "nvidia.conf")
+		if err := os.WriteFile(conf, []byte("NVreg_EnableGpuFirmware=0\nNVreg_RegistryDwords=\"unterminated\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		before := hosttest.Snapshot(t, dir)
+		_, stderr, code := run(t, agent, []string{"DRIVER_VERSION=535.309.01"}, "init", "--root", r.Root, "--host-root", r.HostRoot,
+			"--proc", r.Proc, "--sys", r.Sys, "--dev", r.Dev, "--run", r.Run, "--drivers-dir", r.DriversDir, "--metrics-address", "127.0.0.1:0",
+			"--termination-log", filepath.Join(dir, "termination-log"))
+		if code != 3 || !strings.Contains(stderr, conf+`:2: parameter "NVreg_RegistryDwords=\"unterminated"`) {
+			t.Errorf("exit %d, stderr %q; want 3 naming %s:2", code, stderr, conf)
+		}
+		if diff := hosttest.DiffSnapshots(before, hosttest.Snapshot(t, dir)); diff != "" {
+			t.Errorf("a bad parameter file still changed the tree:\n%s", diff)
+		}
+	})
+
 	t.Run("dry run on this machine", func(t *testing.T) {
 		stdout, stderr, code := run(t, agent, []string{"PATH=/usr/bin:/bin"}, "--dry-run")
 		if code != 0 || !strings.Contains(stdout, "Install path: ") || !strings.Contains(stdout, "dry run: nothing was changed") {

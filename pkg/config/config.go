@@ -402,10 +402,21 @@ func (c *Config) ValidateInit() error {
 			errs = append(errs, fmt.Errorf("DRIVER_BRANCH=%q: does not match DRIVER_VERSION=%q; want %d or unset", strconv.Itoa(c.DriverBranch), c.DriverVersion, major))
 		}
 	}
+	// The operator's parameter files are configuration too: a bad one fails here, before the
+	// agent changes anything, not in the load phase after a build and a cache store.
+	if _, err := modparams.LoadDir(c.DriversDir, ParamFileModules()); err != nil {
+		errs = append(errs, err)
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("%w:\n%w", exitcode.ErrConfig, err)
 	}
 	return nil
+}
+
+// ParamFileModules are the modules whose <drivers-dir>/<module>.conf the agent reads: every
+// NVIDIA module it may load, whether or not this node needs it.
+func ParamFileModules() []string {
+	return []string{"nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-peermem", "nvidia-drm"}
 }
 
 // Usage writes the flag reference.

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -157,6 +159,47 @@ func TestValidateInit(t *testing.T) {
 	c, _, _ = Parse("t", nil, []string{"DRIVER_VERSION=535.309.01", "DRIVER_BRANCH=580"}, io.Discard)
 	if err := c.ValidateInit(); err == nil || !strings.Contains(err.Error(), `DRIVER_BRANCH="580": does not match DRIVER_VERSION="535.309.01"`) {
 		t.Errorf("branch mismatch: %v", err)
+	}
+}
+
+// TestValidateInitParamFiles: the operator's parameter files are checked with the rest of the
+// configuration, every problem of every file reported at once; missing files are fine.
+func TestValidateInitParamFiles(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	env := []string{"DRIVER_VERSION=535.309.01", "DRIVER_AGENT_DRIVERS_DIR=" + dir}
+	write := func(name, body string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("nvidia.conf", "# comment\nNVreg_EnableGpuFirmware=0 NVreg_RegistryDwords=\"a=1;b=2\"\n")
+	write("other.conf", "not=\"read")
+	c, _, err := Parse("t", nil, env, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ValidateInit(); err != nil {
+		t.Fatalf("valid nvidia.conf: %v", err)
+	}
+	write("nvidia.conf", "NVreg_EnableGpuFirmware=0\nNVreg_X=\"unterminated\n")
+	write("nvidia-peermem.conf", "peerdirect_support=\x01\n")
+	if err := os.Mkdir(filepath.Join(dir, "nvidia-uvm.conf"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	err = c.ValidateInit()
+	if !errors.Is(err, exitcode.ErrConfig) {
+		t.Fatalf("ValidateInit = %v, want a config error", err)
+	}
+	for _, want := range []string{
+		filepath.Join(dir, "nvidia.conf") + `:2: parameter "NVreg_X=\"unterminated": misplaced double quote: unterminated quoted value`,
+		filepath.Join(dir, "nvidia-peermem.conf") + ":1:",
+		filepath.Join(dir, "nvidia-uvm.conf") + ": not a regular file",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error\n%v\ndoes not contain\n%s", err, want)
+		}
 	}
 }
 

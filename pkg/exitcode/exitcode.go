@@ -37,7 +37,7 @@ func Table() []Entry {
 		{0, nil, "success: stopped cleanly after a signal, or a one-shot command succeeded"},
 		{1, nil, "unexpected error (see the log and /dev/termination-log)"},
 		{2, ErrUsage, "usage: unknown subcommand or flag"},
-		{3, ErrConfig, "bad configuration: an environment variable or flag has a value that is not allowed"},
+		{3, ErrConfig, "bad configuration: an environment variable, a flag or a <drivers-dir>/<module>.conf parameter file has a value that is not allowed"},
 		{4, ErrLockHeld, "another driver-agent holds <run>/nvidia/nvidia-driver.pid"},
 		{5, ErrNoGPU, "the kernel found no NVIDIA GPU this driver supports"},
 		{6, ErrModuleLoad, "a kernel module failed to load (everything this run loaded was unloaded again)"},
