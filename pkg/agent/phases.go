@@ -155,7 +155,7 @@ func (r *run) source() Source {
 			version = "<DRIVER_VERSION>" // a dry run without it still shows where it would look
 		}
 		src := &imageSource{roots: r.Host.Roots, version: version, cacheDir: cacheDir,
-			maxEntries: r.cfg.CacheMaxEntries, requireSigned: r.cfg.RequireSigned, log: r.Log, cfg: r.cfg, terminal: r.Terminal}
+			maxEntries: r.cfg.CacheMaxEntries, requireSigned: r.cfg.RequireSigned, dryRun: r.cfg.DryRun, log: r.Log, cfg: r.cfg, terminal: r.Terminal}
 		if r.Reaper != nil {
 			src.runner, src.buildRunner = r.Reaper, r.Reaper
 		}

@@ -74,6 +74,7 @@ type imageSource struct {
 	cacheDir      string
 	maxEntries    int
 	requireSigned bool
+	dryRun        bool // Find must not write: the cache is only read
 	log           *slog.Logger
 	runner        interface {
 		Output(ctx context.Context, c host.Cmd) ([]byte, error)
@@ -124,7 +125,11 @@ func (s *imageSource) Find(_ context.Context, f detect.Facts, flavor string) (De
 	s.release, s.banner = f.KernelRelease, f.Banner
 	var d Decision
 	if s.cacheDir != "" {
-		entry, ok, err := cache.Lookup(s.cacheDir, s.key(flavor))
+		lookup := cache.Lookup
+		if s.dryRun {
+			lookup = cache.Peek // neither removes a damaged entry nor marks a hit as used
+		}
+		entry, ok, err := lookup(s.cacheDir, s.key(flavor))
 		s.count(func(st *SourceStats) {
 			if ok {
 				st.CacheHits++
@@ -138,6 +143,9 @@ func (s *imageSource) Find(_ context.Context, f detect.Facts, flavor string) (De
 			d.Path, d.Package = PathCached, entry.Dir
 			d.Reason = fmt.Sprintf("modules built earlier on this node for this kernel banner, driver %s and flavour %s are in the cache", s.version, flavor)
 			return d, nil
+		case errors.Is(err, cache.ErrCorrupt) && s.dryRun:
+			s.log.Warn("damaged cache entry; a real run removes it and makes the modules again", "error", err)
+			d.Skipped = append(d.Skipped, "cache: "+err.Error())
 		case errors.Is(err, cache.ErrCorrupt):
 			s.log.Warn("damaged cache entry removed; it will be rebuilt", "error", err)
 			d.Skipped = append(d.Skipped, "cache: "+err.Error())

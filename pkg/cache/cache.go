@@ -16,8 +16,8 @@
 // Entries are written to a temporary directory and renamed into place, so a
 // crash never leaves a half-written entry under its final name. Lookup
 // verifies every sha256 before it returns an entry and removes an entry that
-// fails; Prune bounds the number of entries, removing the least recently used
-// first.
+// fails; Peek verifies the same way and writes nothing (for a dry run); Prune
+// bounds the number of entries, removing the least recently used first.
 package cache
 
 import (
@@ -321,6 +321,17 @@ func syncPath(path string) error {
 // A hit sets the manifest's modification time to now, so that Prune removes
 // the least recently used entries first.
 func Lookup(dir string, key Key) (Entry, bool, error) {
+	return lookup(dir, key, true)
+}
+
+// Peek is Lookup without writing: an entry that fails verification is
+// reported the same way but left in place, and a hit leaves the manifest's
+// modification time alone. A dry run uses it.
+func Peek(dir string, key Key) (Entry, bool, error) {
+	return lookup(dir, key, false)
+}
+
+func lookup(dir string, key Key, write bool) (Entry, bool, error) {
 	if err := key.validate(); err != nil {
 		return Entry{}, false, fmt.Errorf("cache lookup: %w: %w", ErrInvalid, err)
 	}
@@ -333,7 +344,7 @@ func Lookup(dir string, key Key) (Entry, bool, error) {
 	}
 	e, err := verify(final, key)
 	if err != nil {
-		if !errors.Is(err, ErrCorrupt) {
+		if !errors.Is(err, ErrCorrupt) || !write {
 			return Entry{}, false, fmt.Errorf("cache lookup: %w", err)
 		}
 		if rmErr := os.RemoveAll(final); rmErr != nil {
@@ -341,9 +352,11 @@ func Lookup(dir string, key Key) (Entry, bool, error) {
 		}
 		return Entry{}, false, fmt.Errorf("cache lookup: %w (removed)", err)
 	}
-	now := time.Now()
-	// Best effort: a failed touch only makes the entry look older to Prune.
-	_ = os.Chtimes(filepath.Join(final, ManifestFile), now, now)
+	if write {
+		now := time.Now()
+		// Best effort: a failed touch only makes the entry look older to Prune.
+		_ = os.Chtimes(filepath.Join(final, ManifestFile), now, now)
+	}
 	return e, true, nil
 }
 

@@ -248,7 +248,15 @@ func TestDamagedEntry(t *testing.T) {
 				t.Fatal(err)
 			}
 			tc.damage(t, e.Dir)
-			_, ok, err := Lookup(dir, key)
+			// Peek (a dry run) reports the damage the same way and leaves the entry.
+			_, ok, err := Peek(dir, key)
+			if ok || !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), tc.reason) || strings.Contains(err.Error(), "removed") {
+				t.Fatalf("Peek = %v, %v; want a miss wrapping ErrCorrupt mentioning %q, not removed", ok, err, tc.reason)
+			}
+			if _, err := os.Lstat(e.Dir); err != nil {
+				t.Fatalf("Peek removed the damaged entry: %v", err)
+			}
+			_, ok, err = Lookup(dir, key)
 			if ok || !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), tc.reason) || !strings.Contains(err.Error(), "removed") {
 				t.Fatalf("Lookup = %v, %v; want a miss wrapping ErrCorrupt mentioning %q", ok, err, tc.reason)
 			}
@@ -269,6 +277,41 @@ func TestDamagedEntry(t *testing.T) {
 				checkEntry(t, e, mods)
 			}
 		})
+	}
+}
+
+// TestPeekWritesNothing: a hit through Peek leaves the manifest's modification time (Prune's
+// recency) as it was; Lookup's hit sets it to now.
+func TestPeekWritesNothing(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	e, err := Store(dir, testKey(), moduleFiles(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	manifest := filepath.Join(e.Dir, ManifestFile)
+	old := time.Now().Add(-48 * time.Hour).Truncate(time.Second)
+	if err := os.Chtimes(manifest, old, old); err != nil {
+		t.Fatal(err)
+	}
+	mtime := func() time.Time {
+		st, err := os.Stat(manifest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.ModTime()
+	}
+	if got, ok, err := Peek(dir, testKey()); !ok || err != nil || got.Dir != e.Dir {
+		t.Fatalf("Peek = %+v, %v, %v; want a hit", got, ok, err)
+	}
+	if !mtime().Equal(old) {
+		t.Errorf("Peek changed the manifest's mtime to %v", mtime())
+	}
+	if _, ok, err := Lookup(dir, testKey()); !ok || err != nil {
+		t.Fatalf("Lookup = %v, %v; want a hit", ok, err)
+	}
+	if !mtime().After(old) {
+		t.Errorf("Lookup left the manifest's mtime at %v", mtime())
 	}
 }
 
