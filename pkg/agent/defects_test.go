@@ -2,11 +2,15 @@ package agent
 
 import (
 	"context"
+	"io"
 	"io/fs"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -117,5 +121,126 @@ func TestDryRunLeavesTheCacheAlone(t *testing.T) {
 	dryRun("Install path: compile", "damaged cache entry; a real run removes it and makes the modules again")
 	if _, err := os.Stat(entry.Dir); err != nil {
 		t.Errorf("the damaged entry is gone: %v", err)
+	}
+}
+
+// scrapeThroughout makes a's metrics server, once it listens, scraped without pause by a few
+// clients until the run ends, so that -race sees every write of the state the metrics read. The
+// returned function stops them and returns how many scrapes got an answer.
+func scrapeThroughout(t *testing.T, a *Agent) (stop func() int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	quit := make(chan struct{})
+	var answered atomic.Int64
+	a.OnListen = func(addr string) {
+		for i := range 4 {
+			path := []string{"/metrics", "/readyz"}[i%2]
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				client := &http.Client{Timeout: 5 * time.Second}
+				for {
+					select {
+					case <-quit:
+						return
+					default:
+					}
+					resp, err := client.Get("http://" + addr + path)
+					if err != nil {
+						continue // the server has shut down at the end of the teardown
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					answered.Add(1)
+				}
+			}()
+		}
+	}
+	return func() int {
+		close(quit)
+		wg.Wait()
+		return int(answered.Load())
+	}
+}
+
+// TestScrapesThroughoutEveryPath runs every install path (precompiled, cached, fast, host, and
+// a start that fails for want of one) while the metrics are scraped all the time; under -race a
+// field the metrics read that a phase writes without the run's lock fails the test.
+func TestScrapesThroughoutEveryPath(t *testing.T) {
+	// Starts of each path: the cached path is the second start with the same cache dir, and the
+	// fast path, the shortest, runs several times so that a scrape lands in its short phases.
+	starts := map[string]int{"precompiled and cached": 2, "fast": 6}
+	for name, setup := range map[string]func(t *testing.T) (w *world, a *Agent, wantErr bool){
+		"precompiled and cached": func(t *testing.T) (*world, *Agent, bool) {
+			w := newWorld(t)
+			banner, err := kernel.Banner(w.roots.Proc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			writePackage(t, w.roots, "nvidia-modules-6.6.95", banner)
+			a := w.agent(t, "--cache-dir", filepath.Join(t.TempDir(), "cache"))
+			a.Source = nil
+			return w, a, false
+		},
+		"fast": func(t *testing.T) (*world, *Agent, bool) {
+			w := newWorld(t)
+			if err := w.kernel.Preload("nvidia", "nvidia_uvm", "nvidia_modeset"); err != nil {
+				t.Fatal(err)
+			}
+			os.MkdirAll(w.roots.InRun("nvidia"), 0o755)
+			os.WriteFile(w.roots.InRun("nvidia/nvidia-driver.state"), []byte("digest-1"), 0o644)
+			return w, w.agent(t), false
+		},
+		"host": func(t *testing.T) (*world, *Agent, bool) {
+			dir := hosttest.UnpackFile(t, "../../test/fixtures/talos.txtar")
+			w := &world{dir: dir, roots: hosttest.Roots(t, dir)}
+			w.setupDaemons(t)
+			w.kernel = hosttest.NewFakeKernel(w.roots, nil)
+			w.mounter = hosttest.NewFakeMounter(w.roots)
+			a := w.agent(t)
+			a.Config.DriverVersion = "570.148.08"
+			return w, a, false
+		},
+		"no install path": func(t *testing.T) (*world, *Agent, bool) {
+			w := newWorld(t)
+			for _, p := range []string{w.roots.InRoot("host-etc/os-release"), w.roots.InHost("usr/lib/os-release")} {
+				os.WriteFile(p, []byte("ID=ubuntu\nVERSION_ID=24.04\n"), 0o644)
+			}
+			a := w.agent(t)
+			a.Source = nil
+			return w, a, true
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			w, a, wantErr := setup(t)
+			for i := range max(starts[name], 1) {
+				stop := scrapeThroughout(t, a)
+				cancel, done := startAgent(a)
+				if wantErr {
+					if err := runEnded(t, done, 10*time.Second, "a start without an install path"); err == nil {
+						t.Error("Run = nil, want an error")
+					}
+				} else {
+					w.waitReady(t, done)
+					cancel()
+					if err := runEnded(t, done, 10*time.Second, "SIGTERM"); err != nil {
+						t.Fatal(err)
+					}
+				}
+				cancel()
+				if n := stop(); n == 0 {
+					t.Error("no scrape was answered during the run")
+				}
+				next := w.agent(t, "--cache-dir", a.Config.CacheDir)
+				next.Source, next.Config.DriverVersion = a.Source, a.Config.DriverVersion
+				a = next
+				if name == "fast" && i < starts[name]-1 { // the teardown unloaded what the fast path adopted
+					if err := w.kernel.Preload("nvidia", "nvidia_uvm", "nvidia_modeset"); err != nil {
+						t.Fatal(err)
+					}
+					os.WriteFile(w.roots.InRun("nvidia/nvidia-driver.state"), []byte("digest-1"), 0o644)
+				}
+			}
+		})
 	}
 }

@@ -218,7 +218,9 @@ func (r *run) load(ctx context.Context) error {
 	case PathHost:
 		return r.waitForHostDriver(ctx)
 	case PathFast:
+		r.mu.Lock() // the metrics read it
 		r.loaded = r.decision.Modules // what the agent that loaded them would have loaded
+		r.mu.Unlock()
 		r.push(PhaseLoad, r.unloadUndo)
 		return nil
 	}
