@@ -177,10 +177,20 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		a.Log.Info("Done, now waiting for signal")
 		runErr = r.wait(ctx)
 	}
-	if errors.Is(runErr, context.Canceled) {
-		a.Log.Info("Caught signal, tearing down")
+	switch {
+	case ctx.Err() != nil: // the signal, whatever it made the phase return
+		if runErr != nil && !errors.Is(runErr, ctx.Err()) {
+			a.Log.Info("Caught signal, tearing down", "phase_error", runErr)
+		} else {
+			a.Log.Info("Caught signal, tearing down")
+		}
 		runErr = nil
-	} else if runErr != nil {
+	case errors.Is(runErr, context.Canceled) && exitcode.Code(runErr) == 0:
+		// A cancellation inside the run (a request's or a child's context), not a signal: a
+		// failure, which must not pass for a clean stop (exit 0, status.json removed).
+		runErr = fmt.Errorf("%w: %w", exitcode.ErrUnexpected, runErr)
+	}
+	if runErr != nil {
 		r.update(func(s *status.Status) { s.LastError = runErr.Error() })
 		a.Log.Error("init failed, tearing down", "error", runErr)
 	}
@@ -261,7 +271,7 @@ func (r *run) runPhases(ctx context.Context, phases []phase) error {
 			switch {
 			case err == nil:
 				t.Result = "ok"
-			case errors.Is(err, context.Canceled):
+			case ctx.Err() != nil:
 				t.Result = "cancelled"
 			default:
 				t.Result, t.Error = "failed", err.Error()
@@ -270,7 +280,7 @@ func (r *run) runPhases(ctx context.Context, phases []phase) error {
 			r.Log.Debug("phase finished", "phase", p.name, "result", t.Result, "duration", t.Duration)
 		})
 		if err != nil {
-			if r.cfg.DryRun && !errors.Is(err, context.Canceled) {
+			if r.cfg.DryRun && ctx.Err() == nil {
 				r.notes = append(r.notes, fmt.Sprintf("%s: would fail: %v", p.name, err))
 				continue
 			}

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"io/fs"
 	"log/slog"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/driver-agent/driver-agent/pkg/cache"
+	"github.com/driver-agent/driver-agent/pkg/exitcode"
 	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
 	"github.com/driver-agent/driver-agent/pkg/kernel"
@@ -243,4 +245,41 @@ func TestScrapesThroughoutEveryPath(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestCancellationInsideTheRunIsNoSignal: a phase that fails with context.Canceled in its error
+// chain (a request's or a child's own context) while the run's context is live is a failure
+// (exit 1, status.json kept with the error), not the clean stop of a signal.
+func TestCancellationInsideTheRunIsNoSignal(t *testing.T) {
+	w := newWorld(t)
+	a := w.agent(t)
+	a.Source = fakeSource{dir: t.TempDir(), err: fmt.Errorf("fetch https://mirror.example/x: %w", context.Canceled)}
+	logs := &lockedBuffer{}
+	a.Log = slog.New(slog.NewTextHandler(logs, nil))
+	err := a.Run(context.Background())
+	if err == nil || exitcode.Code(err) != 1 || !strings.Contains(err.Error(), "decide: fetch https://mirror.example/x: context canceled") {
+		t.Fatalf("Run = %v (code %d), want the decide phase's failure, exit 1", err, exitcode.Code(err))
+	}
+	if strings.Contains(logs.String(), "Caught signal") {
+		t.Errorf("logged as a signal:\n%s", logs.String())
+	}
+	st := w.read(t, "run/nvidia/driver-agent/status.json")
+	if !strings.Contains(st, `"result": "failed"`) || !strings.Contains(st, "context canceled") {
+		t.Errorf("status.json does not keep the failure:\n%s", st)
+	}
+	os.Remove(w.roots.InRun("nvidia/driver-agent/status.json"))
+	w.assertClean(t)
+
+	// The same error while the run's context is cancelled is the signal's: a clean stop.
+	ctx, cancel := context.WithCancel(context.Background())
+	a = w.agent(t)
+	a.BeforePhase = func(p string) {
+		if p == PhaseDecide {
+			cancel()
+		}
+	}
+	if err := a.Run(ctx); err != nil {
+		t.Fatalf("Run after a signal = %v, want nil", err)
+	}
+	w.assertClean(t)
 }

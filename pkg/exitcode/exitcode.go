@@ -11,6 +11,9 @@ import (
 
 // Failure classes. Wrap them with %w where the failure happens; Code finds them in the chain.
 var (
+	// ErrUnexpected marks a failure of no other class that must not pass for a clean stop: a
+	// cancellation inside the run that no signal caused.
+	ErrUnexpected    = errors.New("unexpected error")
 	ErrUsage         = errors.New("usage error")
 	ErrConfig        = errors.New("invalid configuration")
 	ErrLockHeld      = errors.New("another instance holds the lock")
@@ -35,7 +38,7 @@ type Entry struct {
 func Table() []Entry {
 	return []Entry{
 		{0, nil, "success: stopped cleanly after a signal, or a one-shot command succeeded"},
-		{1, nil, "unexpected error (see the log and /dev/termination-log)"},
+		{1, ErrUnexpected, "unexpected error (see the log and /dev/termination-log)"},
 		{2, ErrUsage, "usage: unknown subcommand or flag"},
 		{3, ErrConfig, "bad configuration: an environment variable, a flag or a <drivers-dir>/<module>.conf parameter file has a value that is not allowed"},
 		{4, ErrLockHeld, "another driver-agent holds <run>/nvidia/nvidia-driver.pid"},
@@ -56,7 +59,8 @@ func Code(err error) int {
 		return 0
 	}
 	for _, e := range Table() {
-		if e.Err != nil && errors.Is(err, e.Err) {
+		// ErrUnexpected is the fallback's own class: any other class in the chain wins.
+		if e.Err != nil && e.Err != ErrUnexpected && errors.Is(err, e.Err) {
 			return e.Code
 		}
 	}

@@ -29,4 +29,7 @@ func TestCode(t *testing.T) {
 	if Code(errors.Join(context.Canceled, ErrInUse)) != 10 {
 		t.Error("a classified error wins over cancellation")
 	}
+	if Code(fmt.Errorf("%w: %w", ErrUnexpected, context.Canceled)) != 1 || Code(errors.Join(ErrUnexpected, ErrBuild)) != 7 {
+		t.Error("ErrUnexpected wins over cancellation (exit 1), and loses to any other class")
+	}
 }
