@@ -191,12 +191,13 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		runErr = fmt.Errorf("%w: %w", exitcode.ErrUnexpected, runErr)
 	}
 	if runErr != nil {
-		r.update(func(s *status.Status) { s.LastError = runErr.Error() })
+		r.update(func(s *status.Status) { s.LastError, s.ExitCode = runErr.Error(), exitcode.Code(runErr) })
 		a.Log.Error("init failed, tearing down", "error", runErr)
 	}
 	tdErr := r.teardown()
 	if tdErr != nil {
-		r.update(func(s *status.Status) { s.LastError = errors.Join(runErr, tdErr).Error() })
+		all := errors.Join(runErr, tdErr)
+		r.update(func(s *status.Status) { s.LastError, s.ExitCode = all.Error(), exitcode.Code(all) })
 	}
 	if runErr != nil || tdErr != nil {
 		// Keep the status file with the error, the only thing a failed run leaves: `driver-agent

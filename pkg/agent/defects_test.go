@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -21,6 +22,7 @@ import (
 	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
 	"github.com/driver-agent/driver-agent/pkg/kernel"
 	"github.com/driver-agent/driver-agent/pkg/link"
+	"github.com/driver-agent/driver-agent/pkg/status"
 )
 
 // modTimes records the modification time of everything under dir: what a snapshot of contents
@@ -282,4 +284,43 @@ func TestCancellationInsideTheRunIsNoSignal(t *testing.T) {
 		t.Fatalf("Run after a signal = %v, want nil", err)
 	}
 	w.assertClean(t)
+}
+
+// TestPreviousShutdownFromExitCode: the next start classifies how the last one ended by the exit
+// code status.json keeps, not by words in its error: a failure that says "in use" is an error, a
+// driver in use at the teardown is in_use, and a missing status.json is a clean stop.
+func TestPreviousShutdownFromExitCode(t *testing.T) {
+	w := newWorld(t)
+	paths := status.Paths{Run: w.roots.Run}
+	if got := previousShutdown(paths); got != "clean_or_first_start" {
+		t.Errorf("without status.json: %q, want clean_or_first_start", got)
+	}
+	if _, err := status.Read(paths); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("status.Read without status.json = %v, want it to wrap fs.ErrNotExist", err)
+	}
+
+	a := w.agent(t)
+	a.Source = fakeSource{dir: t.TempDir(), err: errors.New("the build directory /var/tmp/nvidia is in use by another build")}
+	if err := a.Run(context.Background()); exitcode.Code(err) != 1 {
+		t.Fatalf("Run = %v (code %d), want exit 1", err, exitcode.Code(err))
+	}
+	if st := w.read(t, "run/nvidia/driver-agent/status.json"); !strings.Contains(st, `"exitCode": 1`) {
+		t.Errorf("status.json lacks the exit code:\n%s", st)
+	}
+	if got := previousShutdown(paths); got != "error" {
+		t.Errorf("after a failure whose error says 'in use': %q, want error", got)
+	}
+
+	a = w.agent(t)
+	cancel, done := startAgent(a)
+	defer cancel()
+	w.waitReady(t, done)
+	w.kernel.Use("nvidia_uvm", 1)
+	cancel()
+	if err := <-done; exitcode.Code(err) != 10 {
+		t.Fatalf("Run = %v, want in use (10)", err)
+	}
+	if got := previousShutdown(paths); got != "in_use" {
+		t.Errorf("after a driver in use at the teardown: %q, want in_use; status.json:\n%s", got, w.read(t, "run/nvidia/driver-agent/status.json"))
+	}
 }

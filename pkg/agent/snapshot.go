@@ -1,11 +1,13 @@
 package agent
 
 import (
-	"os"
+	"errors"
+	"io/fs"
 	"strings"
 	"time"
 
 	"github.com/driver-agent/driver-agent/pkg/daemon"
+	"github.com/driver-agent/driver-agent/pkg/exitcode"
 	"github.com/driver-agent/driver-agent/pkg/kernel"
 	"github.com/driver-agent/driver-agent/pkg/metrics"
 	"github.com/driver-agent/driver-agent/pkg/status"
@@ -56,17 +58,17 @@ func (r *run) Snapshot() metrics.Snapshot {
 }
 
 // previousShutdown says how the last agent on this node ended: a clean stop removes
-// status.json; a failed init or teardown leaves it with its error.
+// status.json; a failed init or teardown leaves it with its error and exit code.
 func previousShutdown(p status.Paths) string {
 	prev, err := status.Read(p)
 	switch {
-	case os.IsNotExist(err) || err != nil && strings.Contains(err.Error(), "no status at"):
+	case errors.Is(err, fs.ErrNotExist):
 		return "clean_or_first_start"
 	case err != nil:
 		return "unknown"
-	case strings.Contains(prev.LastError, "in use"):
+	case prev.ExitCode == exitcode.Code(exitcode.ErrInUse):
 		return "in_use"
-	case prev.LastError != "":
+	case prev.LastError != "" || prev.ExitCode != 0:
 		return "error"
 	}
 	return "killed" // status.json without an error: the previous agent never reached teardown's end

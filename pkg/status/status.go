@@ -40,6 +40,9 @@ type Status struct {
 	// FabricDetail says what the GPUs report, or why the state is unknown.
 	FabricDetail string `json:"fabricDetail,omitempty"`
 	LastError    string `json:"lastError,omitempty"`
+	// ExitCode is the exit code of the failed run that wrote LastError (exitcode's table); the
+	// next start classifies how this one ended by it.
+	ExitCode int `json:"exitCode,omitempty"`
 }
 
 // Timing is how one phase went.
@@ -131,12 +134,12 @@ func (w Writer) write(path string, data []byte) error {
 	return nil
 }
 
-// Read reads status.json.
+// Read reads status.json; when there is none the error wraps fs.ErrNotExist.
 func Read(p Paths) (Status, error) {
 	var s Status
 	data, err := os.ReadFile(p.StatusJSON())
 	if errors.Is(err, fs.ErrNotExist) {
-		return s, fmt.Errorf("no status at %s: the agent is not running on this node or has stopped cleanly", p.StatusJSON())
+		return s, fmt.Errorf("no status at %s: the agent is not running on this node or has stopped cleanly (%w)", p.StatusJSON(), fs.ErrNotExist)
 	}
 	if err != nil {
 		return s, err
@@ -176,7 +179,7 @@ func Format(s Status) string {
 		b.WriteString("\n")
 	}
 	if s.LastError != "" {
-		fmt.Fprintf(&b, "last error:     %s\n", s.LastError)
+		fmt.Fprintf(&b, "last error:     %s (exit %d)\n", s.LastError, s.ExitCode)
 	}
 	return b.String()
 }
