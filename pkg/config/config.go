@@ -404,7 +404,7 @@ func (c *Config) ValidateInit() error {
 	}
 	// The operator's parameter files are configuration too: a bad one fails here, before the
 	// agent changes anything, not in the load phase after a build and a cache store.
-	if _, err := modparams.LoadDir(c.DriversDir, ParamFileModules()); err != nil {
+	if _, err := modparams.LoadDir(c.DriversDir, paramFileModules()); err != nil {
 		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -413,9 +413,9 @@ func (c *Config) ValidateInit() error {
 	return nil
 }
 
-// ParamFileModules are the modules whose <drivers-dir>/<module>.conf the agent reads: every
+// paramFileModules are the modules whose <drivers-dir>/<module>.conf the agent reads: every
 // NVIDIA module it may load, whether or not this node needs it.
-func ParamFileModules() []string {
+func paramFileModules() []string {
 	return []string{"nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-peermem", "nvidia-drm"}
 }
 

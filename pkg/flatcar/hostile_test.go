@@ -1,6 +1,7 @@
 package flatcar_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha512"
 	"encoding/hex"
@@ -24,7 +25,7 @@ func localRelease(t *testing.T, e *env) string {
 	t.Helper()
 	dir := t.TempDir()
 	tb := tarball(t, flatcartest.ContainerTree(kver, buildTree(t)))
-	d, err := flatcartest.Digests(flatcartest.ContainerImage, strings.NewReader(string(tb)))
+	d, err := flatcartest.Digests(flatcartest.ContainerImage, bytes.NewReader(tb))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +101,7 @@ func TestFileRefusesRedirectsOffHTTP(t *testing.T) {
 	e := newEnv(t)
 	local := t.TempDir()
 	secret := []byte("the node's own file\n")
-	d, err := flatcartest.Digests(flatcar.KernelImage, strings.NewReader(string(secret)))
+	d, err := flatcartest.Digests(flatcar.KernelImage, bytes.NewReader(secret))
 	if err != nil {
 		t.Fatal(err)
 	}
