@@ -218,8 +218,9 @@ func (r *run) load(ctx context.Context) error {
 	case PathHost:
 		return r.waitForHostDriver(ctx)
 	case PathFast:
-		r.mu.Lock() // the metrics read it
-		r.loaded = r.decision.Modules // what the agent that loaded them would have loaded
+		// What the agent that loaded them would have loaded; under the lock, the metrics read it.
+		r.mu.Lock()
+		r.loaded = r.decision.Modules
 		r.mu.Unlock()
 		r.push(PhaseLoad, r.unloadUndo)
 		return nil
