@@ -73,7 +73,8 @@ func (r *run) decide(ctx context.Context) error {
 		d.Path, d.Reason = PathHost, "--modules=host: the host loads the NVIDIA modules"
 	case r.cfg.Modules == "auto" && r.facts.HostDriver != "":
 		d.Path, d.Reason = PathHost, r.facts.HostDriver
-	case nvLoaded && r.cfg.ConfigDigest != "" && string(stored) == r.cfg.ConfigDigest:
+	case nvLoaded && r.cfg.ConfigDigest != "" && strings.TrimSpace(string(stored)) == strings.TrimSpace(r.cfg.ConfigDigest):
+		// Trimmed: NVIDIA's script stores the digest with echo, so its file ends in a newline.
 		d.Path = PathFast
 		d.Reason = fmt.Sprintf("nvidia %s is loaded and %s holds DRIVER_CONFIG_DIGEST %s", orUnset(nv.Version), r.st.Paths.State(), r.cfg.ConfigDigest)
 		r.Log.Info("The NVIDIA driver is already loaded with the desired configuration, performing userspace-only install")

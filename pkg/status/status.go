@@ -94,8 +94,15 @@ func (w Writer) SetReady(ready bool) error {
 	return w.write(w.Paths.DaemonsStatus(), []byte(v))
 }
 
-// ClearReady removes .driver-daemons-status.
-func (w Writer) ClearReady() error { return w.Files.Remove(w.Paths.DaemonsStatus()) }
+// CtrReady is the file the operator's startup probe writes once the driver works.
+func (p Paths) CtrReady() string { return filepath.Join(p.Run, "nvidia/validations/.driver-ctr-ready") }
+
+// ClearReady removes .driver-daemons-status, and the startup probe's .driver-ctr-ready: the
+// pod's preStop hook removes it only when the pod is deleted, so an agent that stops on its own
+// would leave it saying the driver container is ready.
+func (w Writer) ClearReady() error {
+	return errors.Join(w.Files.Remove(w.Paths.DaemonsStatus()), w.Files.Remove(w.Paths.CtrReady()))
+}
 
 // StoreDigest writes the config digest to nvidia-driver.state.
 func (w Writer) StoreDigest(digest string) error { return w.write(w.Paths.State(), []byte(digest)) }
