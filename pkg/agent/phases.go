@@ -64,7 +64,8 @@ func (r *run) detect(context.Context) error {
 
 func (r *run) decide(ctx context.Context) error {
 	d := Decision{}
-	d.Flavor, d.FlavorReason = flavor(r.cfg.KernelModuleType, r.cfg.DriverBranch)
+	var flavorErr error
+	d.Flavor, d.FlavorReason, flavorErr = r.chooseFlavor()
 	nv, nvLoaded := r.facts.Modules["nvidia"]
 	stored, _ := os.ReadFile(r.st.Paths.State())
 	r.Log.Info("Checking NVIDIA driver packages...")
@@ -78,6 +79,8 @@ func (r *run) decide(ctx context.Context) error {
 		d.Path = PathFast
 		d.Reason = fmt.Sprintf("nvidia %s is loaded and %s holds DRIVER_CONFIG_DIGEST %s", orUnset(nv.Version), r.st.Paths.State(), r.cfg.ConfigDigest)
 		r.Log.Info("The NVIDIA driver is already loaded with the desired configuration, performing userspace-only install")
+	case flavorErr != nil: // only a path that loads modules needs a flavour
+		return flavorErr
 	default:
 		found, err := r.source().Find(ctx, r.facts, d.Flavor)
 		if err != nil {
@@ -118,22 +121,6 @@ func (r *run) moduleSet() ([]string, []string) {
 		why = append(why, "nvidia_drm: --load-drm")
 	}
 	return set, why
-}
-
-func flavor(moduleType string, branch int) (string, string) {
-	switch moduleType {
-	case "open":
-		return "kernel-open", "KERNEL_MODULE_TYPE=open"
-	case "proprietary":
-		return "kernel", "KERNEL_MODULE_TYPE=proprietary"
-	}
-	if branch == 0 { // a dry run without DRIVER_VERSION
-		return "kernel", "KERNEL_MODULE_TYPE=auto without a driver version: proprietary assumed"
-	}
-	if branch >= 560 {
-		return "kernel-open", fmt.Sprintf("KERNEL_MODULE_TYPE=auto and branch %d >= 560 defaults to open modules", branch)
-	}
-	return "kernel", fmt.Sprintf("KERNEL_MODULE_TYPE=auto and branch %d < 560 defaults to proprietary modules", branch)
 }
 
 func (r *run) source() Source {

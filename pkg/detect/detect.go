@@ -64,6 +64,10 @@ type PCIDevice struct {
 	Vendor  uint16 `json:"vendor"`
 	Device  uint16 `json:"device"`
 	Class   uint32 `json:"class"`
+	// SubVendor and SubDevice identify the board (0 when sysfs does not say); NVIDIA's list of
+	// supported GPUs has entries for single boards.
+	SubVendor uint16 `json:"subsystemVendor,omitempty"`
+	SubDevice uint16 `json:"subsystemDevice,omitempty"`
 }
 
 // Loaded is a loaded kernel module.
@@ -226,6 +230,12 @@ func PCIDevices(sys string) ([]PCIDevice, error) {
 			continue
 		}
 		d.Vendor, d.Device, d.Class = uint16(vendor), uint16(device), uint32(class)
+		if sv, err := readHex(filepath.Join(dir, e.Name(), "subsystem_vendor"), 16); err == nil {
+			d.SubVendor = uint16(sv)
+		}
+		if sd, err := readHex(filepath.Join(dir, e.Name(), "subsystem_device"), 16); err == nil {
+			d.SubDevice = uint16(sd)
+		}
 		devs = append(devs, d)
 	}
 	sort.Slice(devs, func(i, j int) bool { return devs[i].Address < devs[j].Address })

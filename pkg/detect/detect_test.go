@@ -1,6 +1,7 @@
 package detect
 
 import (
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -92,5 +93,28 @@ func TestMissingKernelIsAnError(t *testing.T) {
 	t.Parallel()
 	if _, err := Detect(hosttest.Roots(t, t.TempDir())); err == nil {
 		t.Error("Detect on an empty tree: no error")
+	}
+}
+
+// The board's subsystem IDs are read where sysfs has them (NVIDIA's list of supported GPUs has
+// entries for single boards), and are 0 where it does not.
+func TestPCISubsystemIDs(t *testing.T) {
+	sys := t.TempDir()
+	for addr, files := range map[string]map[string]string{
+		"0000:41:00.0": {"vendor": "0x10de", "device": "0x2bb1", "class": "0x030000", "subsystem_vendor": "0x1028", "subsystem_device": "0x204b"},
+		"0000:42:00.0": {"vendor": "0x10de", "device": "0x1db4", "class": "0x030200"},
+	} {
+		dir := filepath.Join(sys, "bus/pci/devices", addr)
+		os.MkdirAll(dir, 0o755)
+		for name, v := range files {
+			os.WriteFile(filepath.Join(dir, name), []byte(v+"\n"), 0o644)
+		}
+	}
+	devs, err := PCIDevices(sys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(devs) != 2 || devs[0].SubVendor != 0x1028 || devs[0].SubDevice != 0x204b || devs[1].SubVendor != 0 || devs[1].SubDevice != 0 {
+		t.Errorf("devices = %+v", devs)
 	}
 }

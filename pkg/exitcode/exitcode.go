@@ -42,7 +42,7 @@ func Table() []Entry {
 		{2, ErrUsage, "usage: unknown subcommand or flag"},
 		{3, ErrConfig, "bad configuration: an environment variable, a flag or a <drivers-dir>/<module>.conf parameter file has a value that is not allowed"},
 		{4, ErrLockHeld, "another driver-agent holds <run>/nvidia/nvidia-driver.pid"},
-		{5, ErrNoGPU, "the kernel found no NVIDIA GPU this driver supports"},
+		{5, ErrNoGPU, "the kernel found no NVIDIA GPU this driver supports, or (KERNEL_MODULE_TYPE=auto) no flavour of the driver supports every GPU on the node"},
 		{6, ErrModuleLoad, "a kernel module failed to load (everything this run loaded was unloaded again)"},
 		{7, ErrBuild, "building the kernel modules failed"},
 		{8, ErrDownload, "downloading or verifying the kernel build tree failed"},

@@ -325,6 +325,7 @@ func TestBuildDriverContents(t *testing.T) {
 		"/drivers/NVIDIA-Linux/kernel -> /usr/src/nvidia-580.159.04/kernel",
 		"/drivers/NVIDIA-Linux/kernel-open -> /usr/src/nvidia-580.159.04/kernel-open",
 		"/drivers/NVIDIA-Linux/LICENSE,/drivers/NVIDIA-Linux/mkprecompiled -> /usr/src/nvidia-580.159.04/",
+		"/drivers/NVIDIA-Linux/supported-gpus -> /usr/src/nvidia-580.159.04/supported-gpus",
 	}
 	if !slices.Equal(src, want) {
 		t.Errorf("kernel sources copied: %q, want %q", src, want)
@@ -626,7 +627,8 @@ func TestBuildRunfileScript(t *testing.T) {
 		"curl":      `echo "$6" > "$5"`,
 		"sha256sum": `cat > /dev/null`,
 		// sh NVIDIA-Linux-<arch>-<version>.run -x
-		"sh": `[ "$2" = -x ] || exit 9; d=$(basename "$1" .run); mkdir -p "$d/kernel" "$d/kernel-open"`,
+		"sh": `[ "$2" = -x ] || exit 9; d=$(basename "$1" .run); mkdir -p "$d/kernel" "$d/kernel-open"
+if [ -z "$FAKE_RUN_NO_GPU_LIST" ]; then mkdir -p "$d/supported-gpus"; echo '{"chips":[]}' > "$d/supported-gpus/supported-gpus.json"; fi`,
 	}
 	for _, tool := range []string{"mkdir", "mv", "rm", "tr", "cat", "basename"} {
 		p, err := exec.LookPath(tool)
@@ -638,6 +640,7 @@ func TestBuildRunfileScript(t *testing.T) {
 	const sum64 = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 	tests := []struct {
 		name, version, arch, sumAMD64 string
+		noGPUList                     bool
 		wantCalls, wantErr            []string
 	}{
 		{name: "amd64 checked", version: "580.159.04", arch: "amd64", sumAMD64: sum64,
@@ -655,6 +658,7 @@ func TestBuildRunfileScript(t *testing.T) {
 			},
 			wantErr: []string{"warning: no DRIVER_RUN_SHA256_ARM64 given"}},
 		{name: "no version", arch: "amd64", wantErr: []string{"set --build-arg DRIVER_VERSION"}},
+		{name: "no supported-gpus.json", version: "580.159.04", arch: "amd64", noGPUList: true, wantErr: []string{"the .run has no supported-gpus/supported-gpus.json"}},
 		{name: "riscv64", version: "580.159.04", arch: "riscv64", wantErr: []string{"unsupported TARGETARCH riscv64"}},
 	}
 	for _, tt := range tests {
@@ -667,6 +671,7 @@ func TestBuildRunfileScript(t *testing.T) {
 			out, err := runScript(t, moved, bin, map[string]string{
 				"DRIVER_VERSION": tt.version, "TARGETARCH": tt.arch, "DRIVER_BASE_URL": env["DRIVER_BASE_URL"],
 				"CUDA_REPO_BASE": env["CUDA_REPO_BASE"], "DRIVER_RUN_SHA256_AMD64": tt.sumAMD64, "DRIVER_RUN_SHA256_ARM64": "",
+				"FAKE_RUN_NO_GPU_LIST": map[bool]string{true: "1"}[tt.noGPUList],
 			})
 			for _, w := range tt.wantErr {
 				if !strings.Contains(out, w) {
