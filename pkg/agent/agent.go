@@ -20,6 +20,7 @@ import (
 	"github.com/driver-agent/driver-agent/pkg/detect"
 	"github.com/driver-agent/driver-agent/pkg/exitcode"
 	"github.com/driver-agent/driver-agent/pkg/host"
+	"github.com/driver-agent/driver-agent/pkg/kernel"
 	"github.com/driver-agent/driver-agent/pkg/lock"
 	"github.com/driver-agent/driver-agent/pkg/metrics"
 	"github.com/driver-agent/driver-agent/pkg/status"
@@ -95,24 +96,25 @@ type undo struct {
 // decision, loaded, devices, daemons, errors and heartbeat.
 type run struct {
 	*Agent
-	cfg      *config.Config
-	st       status.Writer
-	src      Source
-	writeMu  sync.Mutex // serialises status.json writes
-	mu       sync.Mutex
-	status   status.Status
-	errors   map[string]float64
-	lastShut string
-	beat     time.Time
-	facts    detect.Facts
-	decision Decision
-	images   []host.ModuleImage
-	loaded   []string // NVIDIA modules this run owns (loaded or adopted)
-	prereqs  []string // prerequisite modules this run loaded
-	devices  []string // device nodes this run created
-	sup      *daemon.Supervisor
-	undos    []undo
-	notes    []string // dry-run findings
+	cfg       *config.Config
+	st        status.Writer
+	src       Source
+	writeMu   sync.Mutex // serialises status.json writes
+	mu        sync.Mutex
+	status    status.Status
+	errors    map[string]float64
+	lastShut  string
+	beat      time.Time
+	facts     detect.Facts
+	decision  Decision
+	images    []host.ModuleImage
+	loaded    []string // NVIDIA modules this run owns (loaded or adopted)
+	prereqs   []string // prerequisite modules this run loaded
+	devices   []string // device nodes this run created
+	installed bool     // the modules are installed in the shared driver root
+	sup       *daemon.Supervisor
+	undos     []undo
+	notes     []string // dry-run findings
 }
 
 type phase struct {
@@ -131,7 +133,11 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	r.status = status.Status{Phase: "starting", DriverVersion: cfg.DriverVersion, Node: cfg.NodeName, PID: os.Getpid(), Started: r.Now()}
 	r.errors = map[string]float64{}
 	a.Log.Info("========== NVIDIA Software Installer ==========")
-	a.Log.Info(fmt.Sprintf("Starting installation of NVIDIA driver version %s", orUnset(cfg.DriverVersion)), "dry_run", cfg.DryRun)
+	release, err := kernel.Release(a.Host.Proc)
+	if err != nil {
+		release = "<unknown>" // detect fails on it with the reason
+	}
+	a.Log.Info(fmt.Sprintf("Starting installation of NVIDIA driver version %s for Linux kernel version %s", orUnset(cfg.DriverVersion), release), "dry_run", cfg.DryRun)
 
 	if cfg.DryRun {
 		r.notes = append(r.notes, "would take the lock "+r.st.Paths.PIDFile())

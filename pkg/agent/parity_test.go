@@ -5,10 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -16,6 +19,9 @@ import (
 	"github.com/driver-agent/driver-agent/pkg/exitcode"
 	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
+	"github.com/driver-agent/driver-agent/pkg/peermem"
+	"github.com/driver-agent/driver-agent/pkg/precompiled"
+	"github.com/driver-agent/driver-agent/pkg/status"
 )
 
 // TestFastPathDigestWrittenByScript: NVIDIA's script stores the digest with echo, a trailing
@@ -181,4 +187,244 @@ func TestFlavorWithoutSupportedGPUs(t *testing.T) {
 	if !strings.Contains(strings.Join(p.Notes, "\n"), "has no supported-gpus.json") {
 		t.Errorf("the plan does not say the list is missing: %q", p.Notes)
 	}
+}
+
+// writePeermemPackage writes a precompiled package for the fixture's kernel with nvidia-peermem
+// among its modules, as NVIDIA's packages have.
+func writePeermemPackage(t *testing.T, w *world) {
+	t.Helper()
+	banner, _ := os.ReadFile(w.roots.InProc("version"))
+	p := &precompiled.Package{DriverVersion: testVersion, Description: "test", ProcVersion: strings.SplitN(string(banner), "\n", 2)[0]}
+	for _, mod := range []string{"nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-peermem"} {
+		dep := "nvidia"
+		if mod == "nvidia" {
+			dep = ""
+		}
+		f, err := precompiled.NewKernelModule(mod+".ko", "", hosttest.ModuleELF("name="+strings.ReplaceAll(mod, "-", "_"), "version="+testVersion, "depends="+dep), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Append(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	data, err := p.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := w.roots.InRoot("usr/src/nvidia-"+testVersion, "kernel/precompiled")
+	os.MkdirAll(dir, 0o755)
+	if err := os.WriteFile(filepath.Join(dir, "nvidia-modules-6.6.95"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPeermemSidecarFindsInitsModules: the operator gives the peermem sidecar only
+// USE_HOST_MOFED, not init's environment, so a --cache-dir set through driver.env, or a cache
+// turned off, must not leave it looking in the default cache. Init records in status.json where
+// its modules are (the cache, the shared driver root), and the sidecar loads nvidia-peermem from
+// there; with the cache off, from the modules init installed into the driver root.
+func TestPeermemSidecarFindsInitsModules(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args func(t *testing.T) []string
+	}{
+		{"non-default cache dir", func(t *testing.T) []string {
+			return []string{"--cache-dir", filepath.Join(t.TempDir(), "hostpath-cache")}
+		}},
+		{"cache off", func(t *testing.T) []string { return []string{"--cache-max-entries", "0"} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t)
+			os.RemoveAll(w.roots.InSys("bus/pci/devices/0000:5e:00.0")) // no Mellanox device yet: init does not load peermem
+			writePeermemPackage(t, w)
+			w.before = files(hosttest.Snapshot(t, w.dir))
+			args := append([]string{"--gpu-direct-rdma"}, tc.args(t)...)
+			a := w.agent(t, args...)
+			a.Source = nil
+			cancel, done := startAgent(a)
+			defer cancel()
+			w.waitReady(t, done)
+			if slices.Contains(w.kernel.Loaded(), "nvidia_peermem") {
+				t.Fatal("init loaded nvidia_peermem without a Mellanox device")
+			}
+			st, err := status.Read(status.Paths{Run: w.roots.Run})
+			if err != nil {
+				t.Fatal(err)
+			}
+			installed := w.roots.InRoot("lib/modules/6.6.95-flatcar/kernel/drivers/video")
+			if st.ModulesDir != w.roots.InRun("nvidia/driver/lib/modules/6.6.95-flatcar/kernel/drivers/video") {
+				t.Errorf("status.json modulesDir = %q", st.ModulesDir)
+			}
+			if tc.name == "cache off" && st.ModulesCacheDir != "" {
+				t.Errorf("status.json names a cache although it is off: %q", st.ModulesCacheDir)
+			}
+			if tc.name != "cache off" && st.ModulesCacheDir != args[len(args)-1] {
+				t.Errorf("status.json modulesCacheDir = %q, want %q", st.ModulesCacheDir, args[len(args)-1])
+			}
+			// The node sees the container root at /run/nvidia/driver (an rbind; the fake mounter only records it).
+			shared := w.roots.InRun("nvidia/driver")
+			os.Remove(shared)
+			if err := os.Symlink(w.roots.Root, shared); err != nil {
+				t.Fatal(err)
+			}
+			defer os.Remove(shared)
+
+			o := peermem.Options{Host: host.Host{Roots: w.roots, Kernel: w.kernel, Files: host.OSFiles{}}, Log: a.Log,
+				CacheDir: w.roots.InRun("nvidia/driver-agent/cache"), Wait: 2 * time.Second, Poll: 10 * time.Millisecond}
+			os.MkdirAll(w.roots.InRun("mellanox/drivers"), 0o755)
+			os.WriteFile(w.roots.InRun("mellanox/drivers/.driver-ready"), nil, 0o644)
+			os.WriteFile(w.roots.InRun("nvidia/validations/.driver-ctr-ready"), nil, 0o644)
+			defer os.Remove(w.roots.InRun("mellanox/drivers/.driver-ready"))
+			sctx, scancel := context.WithCancel(context.Background())
+			sdone := make(chan error, 1)
+			go func() { sdone <- peermem.Reload(sctx, o) }()
+			waitFor(t, "the sidecar to load nvidia_peermem", func() bool {
+				select {
+				case err := <-sdone:
+					t.Fatalf("sidecar stopped: %v", err)
+				default:
+				}
+				return slices.Contains(w.kernel.Loaded(), "nvidia_peermem")
+			}, done)
+			if tc.name == "cache off" {
+				if _, err := os.Stat(filepath.Join(installed, "nvidia-peermem.ko")); err != nil {
+					t.Errorf("nvidia-peermem.ko is not installed in the driver root: %v", err)
+				}
+			}
+			scancel()
+			if err := <-sdone; err != nil {
+				t.Fatalf("sidecar: %v", err)
+			}
+			os.Remove(shared)
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			os.Remove(w.roots.InRun("mellanox/drivers/.driver-ready"))
+			w.assertClean(t)
+		})
+	}
+}
+
+// TestModulesInstalledInDriverRoot: the loaded modules are copied into
+// /lib/modules/<kver>/kernel/drivers/video/ of the shared root with a modules.dep and
+// modules.dep.bin that list them with their dependencies, keeping what modules.dep had; teardown
+// puts it all back.
+func TestModulesInstalledInDriverRoot(t *testing.T) {
+	w := newWorld(t)
+	moddir := w.roots.InRoot("lib/modules/6.6.95-flatcar")
+	os.MkdirAll(moddir, 0o755)
+	os.WriteFile(filepath.Join(moddir, "modules.dep"), []byte("kernel/lib/crc7.ko:\nkernel/drivers/video/nvidia.ko:\n"), 0o644)
+	w.before = files(hosttest.Snapshot(t, w.dir))
+	cancel, done := startAgent(w.agent(t, "--load-drm"))
+	defer cancel()
+	w.waitReady(t, done)
+	wantDep := "kernel/lib/crc7.ko:\nkernel/drivers/video/nvidia.ko:\nkernel/drivers/video/nvidia-modeset.ko: kernel/drivers/video/nvidia.ko\n" +
+		"kernel/drivers/video/nvidia-drm.ko: kernel/drivers/video/nvidia-modeset.ko kernel/drivers/video/nvidia.ko\n" +
+		"kernel/drivers/video/nvidia-uvm.ko: kernel/drivers/video/nvidia.ko\n"
+	if got := w.read(t, "container/lib/modules/6.6.95-flatcar/modules.dep"); got != wantDep {
+		t.Errorf("modules.dep =\n%s\nwant\n%s", got, wantDep)
+	}
+	for _, m := range []string{"nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-drm"} {
+		if _, err := os.Stat(filepath.Join(moddir, "kernel/drivers/video", m+".ko")); err != nil {
+			t.Errorf("%s not installed: %v", m, err)
+		}
+	}
+	if bin := w.read(t, "container/lib/modules/6.6.95-flatcar/modules.dep.bin"); !strings.HasPrefix(bin, "\xb0\x07\xf4\x57") {
+		t.Errorf("modules.dep.bin is not a kmod index: %q", bin[:min(len(bin), 16)])
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	w.assertClean(t)
+}
+
+// messages records the log's messages, in order.
+type messages struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (m *messages) Enabled(context.Context, slog.Level) bool { return true }
+func (m *messages) Handle(_ context.Context, r slog.Record) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.msgs = append(m.msgs, r.Message)
+	return nil
+}
+func (m *messages) WithAttrs([]slog.Attr) slog.Handler { return m }
+func (m *messages) WithGroup(string) slog.Handler      { return m }
+
+// inOrder checks that want appear among the messages in this order (prefixes).
+func (m *messages) inOrder(t *testing.T, want ...string) {
+	t.Helper()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	i := 0
+	for _, msg := range m.msgs {
+		if i < len(want) && strings.HasPrefix(msg, want[i]) {
+			i++
+		}
+	}
+	if i < len(want) {
+		t.Errorf("log lacks %q (after %q):\n%s", want[i], want[:i], strings.Join(m.msgs, "\n"))
+	}
+}
+
+// TestScriptLogLines: the lines people grep the driver pod's log for, from NVIDIA's script.
+func TestScriptLogLines(t *testing.T) {
+	t.Run("full path", func(t *testing.T) {
+		w := newWorld(t)
+		a := w.agent(t, "--gpu-direct-rdma")
+		log := &messages{}
+		a.Log = slog.New(log)
+		cancel, done := startAgent(a)
+		defer cancel()
+		w.waitReady(t, done)
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		log.inOrder(t,
+			"Starting installation of NVIDIA driver version 535.309.01 for Linux kernel version 6.6.95-flatcar",
+			"Installing NVIDIA driver kernel modules...",
+			"Configuring the following firmware search path in '"+w.roots.InSys("module/firmware_class/parameters/path")+"': /run/nvidia/driver/lib/firmware",
+			"Loading NVIDIA driver kernel modules...",
+			"Loading NVIDIA Peer Memory kernel module...",
+			"Storing driver configuration digest...",
+			"Done, now waiting for signal")
+	})
+	t.Run("fast path", func(t *testing.T) {
+		w := newWorld(t)
+		if err := w.kernel.Preload("nvidia", "nvidia_uvm", "nvidia_modeset"); err != nil {
+			t.Fatal(err)
+		}
+		os.MkdirAll(w.roots.InRun("nvidia"), 0o755)
+		os.WriteFile(w.roots.InRun("nvidia/nvidia-driver.state"), []byte("digest-1"), 0o644)
+		a := w.agent(t)
+		log := &messages{}
+		a.Log = slog.New(log)
+		cancel, done := startAgent(a)
+		defer cancel()
+		w.waitReady(t, done)
+		cancel()
+		<-done
+		log.inOrder(t, "The NVIDIA driver is already loaded with the desired configuration, performing userspace-only install",
+			"Storing driver configuration digest...", "Userspace-only install complete", "Done, now waiting for signal")
+	})
+	t.Run("compile path", func(t *testing.T) {
+		w, args, _ := compileWorld(t, `for a in "$@"; do case "$a" in *uvm_ats.c) echo "$a:1:1: error: stand-in compiler failure" >&2; exit 1;; esac; done`)
+		a := w.agent(t, args...)
+		a.Source = nil
+		log := &messages{}
+		a.Log = slog.New(log)
+		if err := a.Run(context.Background()); !errors.Is(err, exitcode.ErrBuild) {
+			t.Fatalf("Run = %v, want the stand-in build failure", err)
+		}
+		log.inOrder(t, "Compiling NVIDIA driver kernel modules...")
+		os.Remove(w.roots.InRun("nvidia/driver-agent/status.json"))
+		os.Remove(w.roots.InRun("nvidia/driver-agent/build-failed.log"))
+	})
 }

@@ -97,6 +97,9 @@ func (r *run) decide(ctx context.Context) error {
 		}
 	}
 	d.Modules, d.ModulesWhy = r.moduleSet()
+	if r.cfg.RDMA && !slices.Contains(d.Modules, "nvidia_peermem") {
+		d.Extra = []string{"nvidia_peermem"} // installed for the peermem sidecar
+	}
 	r.mu.Lock()
 	r.decision = d
 	r.status.InstallPath, r.status.PathReason, r.status.Flavor = d.Path, d.Reason, d.Flavor
@@ -230,6 +233,10 @@ func (r *run) load(ctx context.Context) error {
 	} else if files, err = modules.Resolve(r.images); err != nil {
 		return fmt.Errorf("%w: %w", exitcode.ErrModuleLoad, err)
 	}
+	if err := r.installModules(files); err != nil {
+		return err
+	}
+	files = slices.DeleteFunc(files, func(f modules.File) bool { return slices.Contains(r.decision.Extra, f.Image.Name) })
 	if err := r.applyParams(files); err != nil {
 		return err
 	}
@@ -255,6 +262,11 @@ func (r *run) load(ctx context.Context) error {
 		r.prereqs = loaded
 		r.push(PhaseLoad, r.unloadPrereqs)
 	}
+	// nvidia-peermem goes last, on its own, as in NVIDIA's script (nothing of the set needs it).
+	var peermem []modules.File
+	if i := slices.IndexFunc(files, func(f modules.File) bool { return f.Image.Name == "nvidia_peermem" }); i >= 0 {
+		peermem, files = files[i:i+1], slices.Delete(slices.Clone(files), i, i+1)
+	}
 	r.Log.Info("Loading NVIDIA driver kernel modules...")
 	loaded, err := loader.Load(ctx, files)
 	if err != nil {
@@ -264,6 +276,16 @@ func (r *run) load(ctx context.Context) error {
 	r.loaded = loaded
 	r.mu.Unlock()
 	r.push(PhaseLoad, r.unloadUndo)
+	if len(peermem) > 0 {
+		r.Log.Info("Loading NVIDIA Peer Memory kernel module...")
+		loaded, err := loader.Load(ctx, peermem)
+		r.mu.Lock()
+		r.loaded = append(r.loaded, loaded...)
+		r.mu.Unlock()
+		if err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -461,6 +483,7 @@ func (r *run) setFirmwarePath() {
 		r.Log.Warn("A search path is already configured; retaining the current configuration", "path", path, "value", v)
 		return
 	}
+	r.Log.Info(fmt.Sprintf("Configuring the following firmware search path in '%s': %s", path, firmwareSearchPath))
 	if err := r.Host.Files.WriteFile(path, []byte(firmwareSearchPath), 0o644, false); err != nil {
 		r.Log.Warn("could not set the firmware search path", "path", path, "error", err)
 		return
@@ -725,12 +748,20 @@ func (r *run) ready(ctx context.Context) error {
 		return err
 	}
 	if r.decision.Path != PathHost {
+		r.Log.Info("Storing driver configuration digest...")
 		if err := r.st.StoreDigest(r.cfg.ConfigDigest); err != nil {
 			return err
 		}
 		r.Log.Info("Driver configuration digest stored", "path", r.st.Paths.State())
 	}
-	r.update(func(s *status.Status) { s.Ready = true }) // status.json says ready no later than the operator's file
+	if r.decision.Path == PathFast {
+		r.Log.Info("Userspace-only install complete")
+	}
+	cacheDir, modulesDir := r.modulesKept()
+	r.update(func(s *status.Status) {
+		s.Ready = true // status.json says ready no later than the operator's file
+		s.ModulesCacheDir, s.ModulesDir = cacheDir, modulesDir
+	})
 	r.setPhase(PhaseReady)
 	if err := r.st.SetReady(true); err != nil {
 		return err

@@ -45,8 +45,12 @@ type Decision struct {
 	Package      string   `json:"package,omitempty"` // the precompiled package or cache entry used
 	Reload       bool     `json:"reload"`            // loaded NVIDIA modules must be unloaded first
 	Modules      []string `json:"modules"`           // the NVIDIA modules to load, by kernel name
-	ModulesWhy   []string `json:"modulesWhy,omitempty"`
-	Skipped      []string `json:"skipped,omitempty"` // packages and cache entries passed over, with why
+	// Extra are modules to install in the shared driver root without loading them:
+	// nvidia_peermem with GPU_DIRECT_RDMA_ENABLED, for the peermem sidecar, when init does not
+	// load it. A source that lacks them still serves the others.
+	Extra      []string `json:"extra,omitempty"`
+	ModulesWhy []string `json:"modulesWhy,omitempty"`
+	Skipped    []string `json:"skipped,omitempty"` // packages and cache entries passed over, with why
 }
 
 // Source finds and prepares kernel modules for the paths that load them (cached, precompiled,
@@ -86,6 +90,8 @@ type imageSource struct {
 	compile     compile.Options
 	compileErr  error         // why the compile path cannot work, found by Find
 	storing     chan struct{} // closed when the background cache store has ended
+	stored      bool          // the store succeeded; read after storing is closed
+	found       bool          // Find ran
 
 	mu    sync.Mutex
 	stats SourceStats
@@ -122,7 +128,7 @@ func (s *imageSource) key(flavor string) cache.Key {
 
 // Find implements Source.
 func (s *imageSource) Find(_ context.Context, f detect.Facts, flavor string) (Decision, error) {
-	s.release, s.banner = f.KernelRelease, f.Banner
+	s.release, s.banner, s.found = f.KernelRelease, f.Banner, true
 	var d Decision
 	if s.cacheDir != "" {
 		lookup := cache.Lookup
@@ -225,6 +231,7 @@ func (s *imageSource) compileModules(ctx context.Context, d Decision, workDir st
 	if err := os.Remove(s.failedBuildLog()); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		s.log.Warn("could not remove an earlier build's log", "error", err)
 	}
+	s.log.Info("Compiling NVIDIA driver kernel modules...")
 	res, err := compile.Run(ctx, o)
 	s.count(func(st *SourceStats) {
 		st.DownloadBytes += res.Downloaded
@@ -291,6 +298,7 @@ func (s *imageSource) storeInBackground(key cache.Key, mods []link.Module) {
 			s.log.Warn("could not store the modules in the cache; the next start makes them again", "dir", s.cacheDir, "error", err)
 			return
 		}
+		s.stored = true
 		s.log.Info("stored the modules in the host cache", "entry", entry.Dir, "seconds", time.Since(start).Seconds())
 		if removed, err := cache.Prune(s.cacheDir, s.maxEntries); err != nil {
 			s.log.Warn("could not prune the module cache", "error", err)
@@ -298,6 +306,16 @@ func (s *imageSource) storeInBackground(key cache.Key, mods []link.Module) {
 			s.log.Info("pruned the module cache", "removed", removed)
 		}
 	}()
+}
+
+// KeptIn says which module cache holds the modules this run uses, once Wait has returned: the
+// cache they came from or were stored in, or, on the fast path (Find never ran), the cache an
+// earlier run stored them in if it could; "" when none does.
+func (s *imageSource) KeptIn() string {
+	if !s.found || s.entry != nil || s.stored {
+		return s.cacheDir
+	}
+	return ""
 }
 
 // Wait implements Source.
@@ -359,6 +377,11 @@ func pick(mods []link.Module, d Decision) ([]host.ModuleImage, error) {
 	}
 	if len(missing) > 0 {
 		return nil, fmt.Errorf("%w: %s does not provide %s", exitcode.ErrNoInstallPath, d.Package, strings.Join(missing, ", "))
+	}
+	for _, name := range d.Extra {
+		if m, ok := have[name]; ok {
+			images = append(images, host.ModuleImage{Name: name, Path: m.Path})
+		}
 	}
 	return images, nil
 }

@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/driver-agent/driver-agent/pkg/cache"
@@ -32,6 +34,45 @@ type Options struct {
 	CacheDir  string        // where init stored the modules
 	Wait      time.Duration // how long to wait for MOFED and the driver
 	Poll      time.Duration // how often to look
+}
+
+// find looks for nvidia-peermem where status.json says init keeps its modules: the module cache
+// (verified, keyed by this kernel's banner, the driver version and flavour) and the shared
+// driver root. The sidecar gets none of init's configuration (a --cache-dir set through the
+// operator's driver.env is not in its environment), so its own CacheDir counts only when init
+// recorded nothing (an older init).
+func (o Options) find(st status.Status, banner string) (string, error) {
+	cacheDir := o.CacheDir
+	if st.ModulesCacheDir != "" || st.ModulesDir != "" {
+		cacheDir = st.ModulesCacheDir
+	}
+	var tried []string
+	if cacheDir != "" {
+		entry, ok, err := cache.Lookup(cacheDir, cache.Key{Banner: banner, DriverVersion: st.DriverVersion, Flavor: st.Flavor})
+		switch {
+		case ok:
+			for _, m := range entry.Modules {
+				if kernel.Normalize(m.Name) == "nvidia_peermem" {
+					return m.Path, nil
+				}
+			}
+			tried = append(tried, fmt.Sprintf("the driver's modules (%s) do not include nvidia-peermem; the image needs a package built with it", entry.Dir))
+		default:
+			tried = append(tried, fmt.Sprintf("no modules for driver %s (%s) and this kernel in %s: %v", st.DriverVersion, st.Flavor, cacheDir, err))
+		}
+	}
+	if st.ModulesDir != "" {
+		for _, suffix := range []string{".ko", ".ko.xz", ".ko.zst", ".ko.gz"} {
+			if p := filepath.Join(st.ModulesDir, "nvidia-peermem"+suffix); exists(p) {
+				return p, nil
+			}
+		}
+		tried = append(tried, "no nvidia-peermem in "+st.ModulesDir)
+	}
+	if len(tried) == 0 {
+		tried = append(tried, "the init container recorded no modules (status.json has neither modulesCacheDir nor modulesDir) and the module cache is off")
+	}
+	return "", fmt.Errorf("%w: %s", exitcode.ErrModuleLoad, strings.Join(tried, "; "))
 }
 
 // Probe implements probe_nvidia_peermem: it fails only when MOFED's mlx5_core is loaded and
@@ -124,8 +165,7 @@ func Reload(ctx context.Context, o Options) error {
 	return modules.Unload(stop, o.Host, o.Log, []string{"nvidia_peermem"}, false)
 }
 
-// load finds nvidia-peermem among the modules the init container stored for this kernel, driver
-// and flavour, and loads it.
+// load finds nvidia-peermem among the modules the init container uses, and loads it.
 func (o Options) load(ctx context.Context) error {
 	st, err := status.Read(status.Paths{Run: o.Host.Run})
 	if err != nil {
@@ -135,18 +175,9 @@ func (o Options) load(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	entry, ok, err := cache.Lookup(o.CacheDir, cache.Key{Banner: banner, DriverVersion: st.DriverVersion, Flavor: st.Flavor})
-	if !ok {
-		return fmt.Errorf("%w: no modules for driver %s (%s) and this kernel in %s: %v", exitcode.ErrModuleLoad, st.DriverVersion, st.Flavor, o.CacheDir, err)
-	}
-	var path string
-	for _, m := range entry.Modules {
-		if kernel.Normalize(m.Name) == "nvidia_peermem" {
-			path = m.Path
-		}
-	}
-	if path == "" {
-		return fmt.Errorf("%w: the driver's modules (%s) do not include nvidia-peermem; the image needs a package built with it", exitcode.ErrModuleLoad, entry.Dir)
+	path, err := o.find(st, banner)
+	if err != nil {
+		return err
 	}
 	files, err := modules.Resolve([]host.ModuleImage{{Name: "nvidia_peermem", Path: path}})
 	if err != nil {

@@ -33,6 +33,12 @@ type Status struct {
 	Updated       time.Time `json:"updated"`
 	Phases        []Timing  `json:"phases"`
 	Daemons       []Daemon  `json:"daemons,omitempty"`
+	// ModulesCacheDir is the module cache that holds the modules in use, and ModulesDir where
+	// they are installed in the shared driver root as the node sees it
+	// (/run/nvidia/driver/lib/modules/<kver>/kernel/drivers/video). The peermem sidecar, which
+	// gets none of init's configuration, finds nvidia-peermem through them.
+	ModulesCacheDir string `json:"modulesCacheDir,omitempty"`
+	ModulesDir      string `json:"modulesDir,omitempty"`
 	// Fabric is the NVSwitch fabric state the GPUs report once fabric manager is up (completed,
 	// in_progress, failed, not_supported), or unknown when it could not be read; empty on nodes
 	// without fabric manager.
@@ -174,6 +180,9 @@ func Format(s Status) string {
 			fmt.Fprintf(&b, "  %s", t.Error)
 		}
 		b.WriteString("\n")
+	}
+	if s.ModulesCacheDir != "" || s.ModulesDir != "" {
+		fmt.Fprintf(&b, "modules:        cache %s, driver root %s\n", orDash(s.ModulesCacheDir), orDash(s.ModulesDir))
 	}
 	for _, d := range s.Daemons {
 		fmt.Fprintf(&b, "daemon %s: %s, %d restarts %s\n", d.Name, d.State, d.Restarts, d.LastLog)

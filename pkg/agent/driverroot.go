@@ -1,0 +1,157 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/driver-agent/driver-agent/pkg/depmod"
+	"github.com/driver-agent/driver-agent/pkg/exitcode"
+	"github.com/driver-agent/driver-agent/pkg/kernel"
+	"github.com/driver-agent/driver-agent/pkg/modules"
+)
+
+// driverRootModuleDir is where NVIDIA's installer puts the modules, relative to
+// /lib/modules/<kver>.
+const driverRootModuleDir = "kernel/drivers/video"
+
+// installedModulesDir is where installModules puts the modules in the container root, which the
+// node sees as /run/nvidia/driver.
+func (r *run) installedModulesDir() string {
+	return r.Host.InRoot("lib/modules", r.facts.KernelRelease, driverRootModuleDir)
+}
+
+// modulesKept says where the modules in use are kept for the peermem sidecar: the module cache
+// that holds them, and where they are installed in the shared driver root as the node sees it.
+func (r *run) modulesKept() (cacheDir, driverRoot string) {
+	if r.decision.Path == PathHost {
+		return "", ""
+	}
+	if k, ok := r.source().(interface{ KeptIn() string }); ok {
+		cacheDir = k.KeptIn()
+	}
+	if r.installed {
+		driverRoot = r.Host.InRun("nvidia/driver/lib/modules", r.facts.KernelRelease, driverRootModuleDir)
+	}
+	return cacheDir, driverRoot
+}
+
+// installModules copies the NVIDIA modules of files into the container root's
+// /lib/modules/<kver>/kernel/drivers/video/ and adds them to modules.dep and modules.dep.bin
+// there, as NVIDIA's script does with nvidia-installer --kernel-module-only, so that `chroot
+// /run/nvidia/driver modprobe nvidia-peermem` (the peermem sidecar, and tools that expect it)
+// finds them. A modules.dep already there keeps its other lines. Teardown removes the files and
+// restores the index.
+func (r *run) installModules(files []modules.File) error {
+	dir := r.installedModulesDir()
+	moddir := filepath.Dir(filepath.Dir(filepath.Dir(dir))) // /lib/modules/<kver>
+	if r.cfg.DryRun {
+		var names []string
+		for _, f := range files {
+			names = append(names, f.Image.Name)
+		}
+		r.notes = append(r.notes, fmt.Sprintf("load: would install %s into %s and write modules.dep and modules.dep.bin in %s", strings.Join(names, ", "), dir, moddir))
+		return nil
+	}
+	r.Log.Info("Installing NVIDIA driver kernel modules...", "dir", dir)
+	oldDep, depErr := kernel.ReadLimit(filepath.Join(moddir, "modules.dep"), 64<<20)
+	if depErr != nil && !errors.Is(depErr, fs.ErrNotExist) {
+		return fmt.Errorf("%w: driver root: %w", exitcode.ErrModuleLoad, depErr)
+	}
+	oldBin, binErr := kernel.ReadLimit(filepath.Join(moddir, "modules.dep.bin"), 64<<20)
+	if binErr != nil && !errors.Is(binErr, fs.ErrNotExist) {
+		return fmt.Errorf("%w: driver root: %w", exitcode.ErrModuleLoad, binErr)
+	}
+	entries, err := depmod.Parse(bytes.NewReader(oldDep))
+	if err != nil {
+		return fmt.Errorf("%w: driver root %s: %w", exitcode.ErrModuleLoad, moddir, err)
+	}
+	if err := r.mkdirUndo(dir); err != nil {
+		return fmt.Errorf("%w: driver root: %w", exitcode.ErrModuleLoad, err)
+	}
+	var copied []string
+	r.push(PhaseLoad, func(context.Context) error {
+		errs := []error{restore(r, filepath.Join(moddir, "modules.dep"), oldDep, depErr), restore(r, filepath.Join(moddir, "modules.dep.bin"), oldBin, binErr)}
+		for _, p := range copied {
+			errs = append(errs, r.Host.Files.Remove(p))
+		}
+		return errors.Join(errs...)
+	})
+	rel := map[string]string{} // module name -> path relative to moddir
+	for _, f := range files {
+		rel[f.Image.Name] = path.Join(driverRootModuleDir, strings.ReplaceAll(f.Image.Name, "_", "-")+moduleSuffix(f.Image.Path))
+	}
+	// The NVIDIA modules' lines replace any earlier ones for the same names (an earlier run's).
+	entries = slices.DeleteFunc(entries, func(e depmod.Entry) bool { _, ours := rel[e.Name()]; return ours })
+	for _, f := range files {
+		to := filepath.Join(moddir, rel[f.Image.Name])
+		if err := copyFile(f.Image.Path, to); err != nil {
+			return fmt.Errorf("%w: driver root: %w", exitcode.ErrModuleLoad, err)
+		}
+		copied = append(copied, to)
+		entries = append(entries, depmod.Entry{Path: rel[f.Image.Name], Depends: closure(f.Image.Name, files, rel)})
+	}
+	bin, err := depmod.DepBin(entries)
+	if err != nil {
+		return fmt.Errorf("%w: driver root: %w", exitcode.ErrModuleLoad, err)
+	}
+	if err := r.Host.Files.WriteFile(filepath.Join(moddir, "modules.dep"), depmod.Dep(entries), 0o644, true); err != nil {
+		return fmt.Errorf("%w: driver root: %w", exitcode.ErrModuleLoad, err)
+	}
+	if err := r.Host.Files.WriteFile(filepath.Join(moddir, "modules.dep.bin"), bin, 0o644, true); err != nil {
+		return fmt.Errorf("%w: driver root: %w", exitcode.ErrModuleLoad, err)
+	}
+	r.installed = true
+	return nil
+}
+
+// restore puts back a file as it was before the run: rewritten, or removed when it did not exist.
+func restore(r *run, p string, old []byte, readErr error) error {
+	if readErr != nil {
+		return r.Host.Files.Remove(p)
+	}
+	return r.Host.Files.WriteFile(p, old, 0o644, true)
+}
+
+// moduleSuffix keeps a compressed module's suffix, which modprobe needs to read it.
+func moduleSuffix(p string) string {
+	for _, s := range []string{".ko.xz", ".ko.zst", ".ko.gz"} {
+		if strings.HasSuffix(p, s) {
+			return s
+		}
+	}
+	return ".ko"
+}
+
+// closure lists what name needs among files, as modules.dep does: every module it needs
+// directly or not, those loaded first last. Dependencies outside the set (drm, ib_core) are
+// loaded by the agent or by MOFED before anything runs modprobe, so they are left out.
+func closure(name string, files []modules.File, rel map[string]string) []string {
+	byName := map[string]modules.File{}
+	for _, f := range files {
+		byName[f.Image.Name] = f
+	}
+	var order []string
+	seen := map[string]bool{name: true}
+	var visit func(n string)
+	visit = func(n string) {
+		for _, d := range byName[n].Info.Depends {
+			d = kernel.Normalize(d)
+			if _, ok := byName[d]; !ok || seen[d] {
+				continue
+			}
+			seen[d] = true
+			visit(d)
+			order = append(order, rel[d])
+		}
+	}
+	visit(name)
+	slices.Reverse(order)
+	return order
+}
