@@ -53,6 +53,8 @@ func groups() []group {
 			scenarios: []string{"fabric-manager", "fabric-manager-dies"}},
 		{name: "holders", packages: true, timeout: 4 * time.Minute,
 			scenarios: []string{"in-use-at-start", "foreign-holder"}},
+		{name: "driver-root", packages: true, timeout: 3 * time.Minute,
+			scenarios: []string{"driver-root-modprobe"}},
 	}
 }
 

@@ -558,3 +558,34 @@ scn_fabric_manager_dies() {
 }
 
 fm_restarted() { [ "$(fm_starts)" -ge 2 ]; }
+
+# driver-root-modprobe: after Ready the shared driver root's /lib/modules/<kver> holds the loaded
+# modules with a modules.dep (and kmod's modules.dep.bin), as NVIDIA's script leaves them: busybox
+# modprobe in `chroot /run/nvidia/driver` reloads a stand-in from there. After SIGTERM the files
+# are gone and modules.dep is as it was.
+scn_driver_root_modprobe() {
+	local log=/tmp/driver-root.log kdir dep_before bin_before m
+	kdir="/lib/modules/$(uname -r)"
+	dep_before=$(md5sum "$kdir/modules.dep" 2>/dev/null)
+	bin_before=$(md5sum "$kdir/modules.dep.bin" 2>/dev/null)
+	start_ready "$log" vmtest-a || return
+	for m in nvidia nvidia-uvm nvidia-modeset; do
+		[ -f "$DRIVER_ROOT$kdir/kernel/drivers/video/$m.ko" ] || fail "$m.ko is not in $DRIVER_ROOT$kdir/kernel/drivers/video"
+	done
+	grep -qx 'kernel/drivers/video/nvidia-uvm.ko: kernel/drivers/video/nvidia.ko' "$DRIVER_ROOT$kdir/modules.dep" ||
+		fail "modules.dep has no line for nvidia-uvm: $(grep nvidia "$DRIVER_ROOT$kdir/modules.dep" | tr '\n' '|')"
+	[ -s "$DRIVER_ROOT$kdir/modules.dep.bin" ] || fail "no modules.dep.bin in $DRIVER_ROOT$kdir"
+	grep -q "Installing NVIDIA driver kernel modules..." "$log" || fail "the log lacks 'Installing NVIDIA driver kernel modules...'"
+	rmmod nvidia_uvm || fail "rmmod nvidia_uvm failed"
+	if chroot "$DRIVER_ROOT" modprobe nvidia-uvm >/tmp/modprobe.out 2>&1; then
+		mod_loaded nvidia_uvm || fail "nvidia_uvm is not loaded after chroot $DRIVER_ROOT modprobe nvidia-uvm"
+	else
+		fail "chroot $DRIVER_ROOT modprobe nvidia-uvm exited $?: $(tr '\n' ' ' </tmp/modprobe.out)"
+	fi
+	agent_stop TERM $((SHUTDOWN_TIMEOUT_S + 10))
+	check_eq "exit code after SIGTERM" "$AGENT_RC" 0
+	check_clean
+	[ -e "$kdir/kernel/drivers/video/nvidia.ko" ] && fail "nvidia.ko left in $kdir/kernel/drivers/video"
+	check_eq "modules.dep.bin after teardown" "$(md5sum "$kdir/modules.dep.bin" 2>/dev/null)" "$bin_before"
+	check_eq "modules.dep after teardown" "$(md5sum "$kdir/modules.dep" 2>/dev/null)" "$dep_before"
+}
