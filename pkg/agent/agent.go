@@ -96,25 +96,25 @@ type undo struct {
 // decision, loaded, devices, daemons, errors and heartbeat.
 type run struct {
 	*Agent
-	cfg       *config.Config
-	st        status.Writer
-	src       Source
-	writeMu   sync.Mutex // serialises status.json writes
-	mu        sync.Mutex
-	status    status.Status
-	errors    map[string]float64
-	lastShut  string
-	beat      time.Time
-	facts     detect.Facts
-	decision  Decision
-	images    []host.ModuleImage
-	loaded    []string // NVIDIA modules this run owns (loaded or adopted)
-	prereqs   []string // prerequisite modules this run loaded
-	devices   []string // device nodes this run created
-	installed bool     // the modules are installed in the shared driver root
-	sup       *daemon.Supervisor
-	undos     []undo
-	notes     []string // dry-run findings
+	cfg      *config.Config
+	st       status.Writer
+	src      Source
+	writeMu  sync.Mutex // serialises status.json writes
+	mu       sync.Mutex
+	status   status.Status
+	errors   map[string]float64
+	lastShut string
+	beat     time.Time
+	facts    detect.Facts
+	decision Decision
+	images   []host.ModuleImage
+	loaded   []string // NVIDIA modules this run owns (loaded or adopted)
+	prereqs  []string // prerequisite modules this run loaded
+	devices  []string // device nodes this run created
+	inRoot   bool     // the modules are installed in the shared driver root
+	sup      *daemon.Supervisor
+	undos    []undo
+	notes    []string // dry-run findings
 }
 
 type phase struct {
@@ -133,8 +133,8 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	r.status = status.Status{Phase: "starting", DriverVersion: cfg.DriverVersion, Node: cfg.NodeName, PID: os.Getpid(), Started: r.Now()}
 	r.errors = map[string]float64{}
 	a.Log.Info("========== NVIDIA Software Installer ==========")
-	release, err := kernel.Release(a.Host.Proc)
-	if err != nil {
+	release, rerr := kernel.Release(a.Host.Proc)
+	if rerr != nil {
 		release = "<unknown>" // detect fails on it with the reason
 	}
 	a.Log.Info(fmt.Sprintf("Starting installation of NVIDIA driver version %s for Linux kernel version %s", orUnset(cfg.DriverVersion), release), "dry_run", cfg.DryRun)

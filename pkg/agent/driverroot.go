@@ -36,7 +36,7 @@ func (r *run) modulesKept() (cacheDir, driverRoot string) {
 	if k, ok := r.source().(interface{ KeptIn() string }); ok {
 		cacheDir = k.KeptIn()
 	}
-	if r.installed {
+	if r.inRoot {
 		driverRoot = r.Host.InRun("nvidia/driver/lib/modules", r.facts.KernelRelease, driverRootModuleDir)
 	}
 	return cacheDir, driverRoot
@@ -107,7 +107,7 @@ func (r *run) installModules(files []modules.File) error {
 	if err := r.Host.Files.WriteFile(filepath.Join(moddir, "modules.dep.bin"), bin, 0o644, true); err != nil {
 		return fmt.Errorf("%w: driver root: %w", exitcode.ErrModuleLoad, err)
 	}
-	r.installed = true
+	r.inRoot = true
 	return nil
 }
 
