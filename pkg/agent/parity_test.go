@@ -104,9 +104,12 @@ func (w *world) installSupportedGPUs(t *testing.T, version string) {
 }
 
 // dryRunPlan runs a dry run and returns its JSON plan.
-func (w *world) dryRunPlan(t *testing.T, args ...string) (Plan, error) {
+func (w *world) dryRunPlan(t *testing.T, log *messages, args ...string) (Plan, error) {
 	t.Helper()
 	a := w.agent(t, append([]string{"--dry-run", "--output", "json"}, args...)...)
+	if log != nil {
+		a.Log = slog.New(log)
+	}
 	rec := &host.Recorder{}
 	a.Recorder, a.Host = rec, host.DryRun(w.roots, rec)
 	var out strings.Builder
@@ -141,12 +144,16 @@ func TestFlavorFromGPUs(t *testing.T) {
 			w.setGPUs(t, tc.devices...)
 			w.installSupportedGPUs(t, tc.version)
 			w.before = files(hosttest.Snapshot(t, w.dir))
-			p, err := w.dryRunPlan(t, "--driver-version", tc.version)
+			log := &messages{}
+			p, err := w.dryRunPlan(t, log, "--driver-version", tc.version)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if p.Decision.Flavor != tc.flavor || !strings.Contains(p.Decision.FlavorReason, tc.reason) {
 				t.Errorf("flavour %s (%s); want %s because %q", p.Decision.Flavor, p.Decision.FlavorReason, tc.flavor, tc.reason)
+			}
+			if !slices.ContainsFunc(log.attrs, func(a string) bool { return strings.HasPrefix(a, "flavor_reason=") && strings.Contains(a, tc.reason) }) {
+				t.Errorf("the log does not give the flavour's reason %q:\n%s", tc.reason, strings.Join(log.attrs, "\n"))
 			}
 			w.assertClean(t)
 		})
@@ -177,7 +184,7 @@ func TestNoFlavorForTheseGPUs(t *testing.T) {
 // TestFlavorWithoutSupportedGPUs: an image without the list falls back to the branch, saying so.
 func TestFlavorWithoutSupportedGPUs(t *testing.T) {
 	w := newWorld(t)
-	p, err := w.dryRunPlan(t, "--driver-version", "580.95.05")
+	p, err := w.dryRunPlan(t, nil, "--driver-version", "580.95.05")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -343,8 +350,9 @@ func TestModulesInstalledInDriverRoot(t *testing.T) {
 
 // messages records the log's messages, in order.
 type messages struct {
-	mu   sync.Mutex
-	msgs []string
+	mu    sync.Mutex
+	msgs  []string
+	attrs []string // key=value of every record
 }
 
 func (m *messages) Enabled(context.Context, slog.Level) bool { return true }
@@ -352,6 +360,10 @@ func (m *messages) Handle(_ context.Context, r slog.Record) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.msgs = append(m.msgs, r.Message)
+	r.Attrs(func(a slog.Attr) bool {
+		m.attrs = append(m.attrs, a.String())
+		return true
+	})
 	return nil
 }
 func (m *messages) WithAttrs([]slog.Attr) slog.Handler { return m }
