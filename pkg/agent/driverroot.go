@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
 	"path"
 	"path/filepath"
 	"slices"
@@ -91,7 +92,7 @@ func (r *run) installModules(files []modules.File) error {
 	entries = slices.DeleteFunc(entries, func(e depmod.Entry) bool { _, ours := rel[e.Name()]; return ours })
 	for _, f := range files {
 		to := filepath.Join(moddir, rel[f.Image.Name])
-		if err := copyFile(f.Image.Path, to); err != nil {
+		if err := linkOrCopy(f.Image.Path, to); err != nil {
 			return fmt.Errorf("%w: driver root: %w", exitcode.ErrModuleLoad, err)
 		}
 		copied = append(copied, to)
@@ -109,6 +110,18 @@ func (r *run) installModules(files []modules.File) error {
 	}
 	r.inRoot = true
 	return nil
+}
+
+// linkOrCopy hard-links src at dst when both are on one filesystem (a module linked in the work
+// dir), and copies it otherwise (a module from the host cache).
+func linkOrCopy(src, dst string) error {
+	if err := os.Remove(dst); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	if os.Link(src, dst) == nil {
+		return nil
+	}
+	return copyFile(src, dst)
 }
 
 // restore puts back a file as it was before the run: rewritten, or removed when it did not exist.
