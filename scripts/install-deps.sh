@@ -2,12 +2,13 @@
 # Installs what the tests need on a Debian machine: gcc and binutils (the module-file tests compile
 # stand-in ELF objects), patchelf (the build-helper relocation tests), xz-utils and zstd
 # (compressed-module fixtures), prometheus for promtool (the metrics and alert-rule checks),
-# kmod (pkg/depmod checks its index with kmod's modprobe), and shellcheck (actionlint runs it on
-# the workflows' scripts). Go modules come through the Go
+# kmod (pkg/depmod checks its index with kmod's modprobe), shellcheck (actionlint runs it on the
+# workflows' scripts) and squashfs-tools (the sysext tests make images with mksquashfs and list
+# them with unsquashfs). Go modules come through the Go
 # toolchain. Nothing is installed when everything is already present.
 set -euo pipefail
 need=()
-for pair in gcc:gcc ld:binutils objcopy:binutils xz:xz-utils zstd:zstd make:make patchelf:patchelf git:git promtool:prometheus shellcheck:shellcheck; do
+for pair in gcc:gcc ld:binutils objcopy:binutils xz:xz-utils zstd:zstd make:make patchelf:patchelf git:git promtool:prometheus shellcheck:shellcheck mksquashfs:squashfs-tools unsquashfs:squashfs-tools; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
 done
 [ -x /usr/sbin/modprobe ] || [ -x /sbin/modprobe ] || command -v modprobe >/dev/null 2>&1 || need+=(kmod)

@@ -78,6 +78,8 @@ func Main(ctx context.Context, argv, environ []string, stdout, stderr io.Writer)
 		return runBuild(ctx, prog, args, environ, stdout, stderr)
 	case "fetch-build-tree":
 		return runFetch(ctx, prog, args, stdout, stderr)
+	case "sysext":
+		return runSysext(ctx, prog, args, environ, stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "%s: unknown command %q\n\n", prog, cmd)
 	usage(stderr, prog)
@@ -101,6 +103,8 @@ Commands:
               package (image builds; "build --help" for its options)
   fetch-build-tree
               download and verify a Flatcar release's kernel and build tree (image builds)
+  sysext      build a Flatcar system extension of the driver for one release (node images;
+              "sysext --help")
   help        this text; "help init" lists every flag, "help exit-codes" the exit codes
 
 "%[1]s --dry-run" is "%[1]s init --dry-run": decide and print the plan without changing anything.
@@ -131,6 +135,8 @@ func help(prog string, args []string, stdout, stderr io.Writer) int {
 		config.Usage(stdout, prog)
 	case args[0] == "build":
 		buildUsage(stdout, prog)
+	case args[0] == "sysext":
+		sysextUsage(stdout, prog)
 	default:
 		fmt.Fprintf(stderr, "%s: no help for %q\n", prog, args[0])
 		return exitcode.Code(exitcode.ErrUsage)

@@ -357,7 +357,7 @@ func TestBuildDriverContents(t *testing.T) {
 		t.Errorf("GCC_MAJOR=%q, want 14 (Flatcar's kernels are built with gcc 14)", env["GCC_MAJOR"])
 	}
 	tools := strings.Fields(script(runWith(t, final, "apt-get install")))
-	for _, pkg := range []string{`"gcc-${GCC_MAJOR}"`, "make", "binutils", "libelf-dev", "patchelf", "ca-certificates", "kmod"} {
+	for _, pkg := range []string{`"gcc-${GCC_MAJOR}"`, "make", "binutils", "libelf-dev", "patchelf", "ca-certificates", "kmod", "squashfs-tools"} {
 		if !slices.Contains(tools, pkg) {
 			t.Errorf("toolchain lacks %s: %s", pkg, tools)
 		}
