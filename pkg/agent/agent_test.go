@@ -1113,3 +1113,39 @@ func TestStaleWorkDirsRemoved(t *testing.T) {
 		t.Errorf("work dir holds %v after teardown", left)
 	}
 }
+
+// A Flatcar node with the driver's system extension merged: the plan, the log and the status
+// take the host-managed path and name the extension, with --modules=auto and --modules=host.
+func TestDryRunDriverExtension(t *testing.T) {
+	name := "nvidia-driver-" + testVersion + "-flatcar4230.2.1"
+	for _, modules := range []string{"auto", "host"} {
+		t.Run(modules, func(t *testing.T) {
+			w := newWorld(t)
+			rel := w.roots.InHost("usr/lib/extension-release.d/extension-release." + name)
+			os.MkdirAll(filepath.Dir(rel), 0o755)
+			if err := os.WriteFile(rel, []byte("ID=flatcar\nVERSION_ID=4230.2.1\nARCHITECTURE=x86-64\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			w.before = files(hosttest.Snapshot(t, w.dir))
+			a := w.agent(t, "--dry-run", "--modules", modules, "--host-modules-timeout", "0s")
+			rec := &host.Recorder{}
+			a.Recorder, a.Host = rec, host.DryRun(w.roots, rec)
+			var out, log strings.Builder
+			a.Out, a.Log = &out, slog.New(slog.NewTextHandler(&log, nil))
+			a.Run(context.Background()) // nvidia is not loaded: the host-managed path fails; the plan is printed
+			provides := "the system extension " + name + " (driver " + testVersion + ", /usr/lib/extension-release.d/extension-release." + name + ") provides the driver"
+			plan := out.String()
+			for _, want := range []string{"Install path: host", "host driver   " + provides, "why:    " + map[string]string{"auto": "", "host": "--modules=host: the host loads the NVIDIA modules; "}[modules] + provides} {
+				if !strings.Contains(plan, want) {
+					t.Errorf("plan lacks %q:\n%s", want, plan)
+				}
+			}
+			if !strings.Contains(log.String(), "path=host reason=\""+map[string]string{"auto": "", "host": "--modules=host: the host loads the NVIDIA modules; "}[modules]+provides) {
+				t.Errorf("the log does not name the extension:\n%s", log.String())
+			}
+			if calls := w.kernel.Calls(); len(calls) != 0 {
+				t.Errorf("the kernel was touched: %v", calls)
+			}
+		})
+	}
+}

@@ -72,6 +72,9 @@ func (r *run) decide(ctx context.Context) error {
 	switch {
 	case r.cfg.Modules == "host":
 		d.Path, d.Reason = PathHost, "--modules=host: the host loads the NVIDIA modules"
+		if r.facts.HostDriver != "" {
+			d.Reason += "; " + r.facts.HostDriver
+		}
 	case r.cfg.Modules == "auto" && r.facts.HostDriver != "":
 		d.Path, d.Reason = PathHost, r.facts.HostDriver
 	case nvLoaded && r.cfg.ConfigDigest != "" && strings.TrimSpace(string(stored)) == strings.TrimSpace(r.cfg.ConfigDigest):

@@ -18,6 +18,7 @@ import (
 	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/kernel"
 	"github.com/driver-agent/driver-agent/pkg/osrelease"
+	"github.com/driver-agent/driver-agent/pkg/sysext"
 )
 
 // PCI vendor IDs.
@@ -44,10 +45,11 @@ type Facts struct {
 
 // OS identifies the host operating system.
 type OS struct {
-	ID         string `json:"id"`
-	VersionID  string `json:"versionID"`
-	PrettyName string `json:"prettyName,omitempty"`
-	Source     string `json:"source"` // the file it was read from
+	ID          string `json:"id"`
+	VersionID   string `json:"versionID"`
+	SysextLevel string `json:"sysextLevel,omitempty"` // SYSEXT_LEVEL, which systemd-sysext compares
+	PrettyName  string `json:"prettyName,omitempty"`
+	Source      string `json:"source"` // the file it was read from
 }
 
 // Flatcar is what a Flatcar host says about its release.
@@ -136,7 +138,7 @@ func Detect(r host.Roots) (Facts, error) {
 		}
 		f.Modules[m.Name] = l
 	}
-	f.HostDriver = hostManaged(r, f.OS)
+	f.HostDriver = hostManaged(r, f.OS, f.Flatcar, warn)
 	return f, nil
 }
 
@@ -148,7 +150,7 @@ func readOS(r host.Roots) (OS, error) {
 			errs = append(errs, err)
 			continue
 		}
-		return OS{ID: vars["ID"], VersionID: vars["VERSION_ID"], PrettyName: vars["PRETTY_NAME"], Source: p}, nil
+		return OS{ID: vars["ID"], VersionID: vars["VERSION_ID"], SysextLevel: vars["SYSEXT_LEVEL"], PrettyName: vars["PRETTY_NAME"], Source: p}, nil
 	}
 	return OS{ID: "unknown"}, errors.Join(errs...)
 }
@@ -273,16 +275,42 @@ func nvlink5(sys string) (bool, error) {
 	return false, errors.Join(errs...)
 }
 
-// hostManaged says why the host, not the agent, owns the NVIDIA modules, or "" when it does not.
-func hostManaged(r host.Roots, o OS) string {
+// hostManaged says why the host, not the agent, owns the NVIDIA modules, or "" when it does not:
+// Talos; on Flatcar, a driver extension made by `driver-agent sysext` or Flatcar's own NVIDIA
+// driver extension, merged or waiting in /etc/extensions (and the like), or enabled in
+// /etc/flatcar/enabled-sysext.conf. A driver extension that systemd-sysext refuses on this host
+// (made for another release) is warned about and does not count.
+func hostManaged(r host.Roots, o OS, fc *Flatcar, warn func(string, ...any)) string {
 	if o.ID == "talos" {
 		return "Talos loads kernel modules only from system extensions"
 	}
 	if o.ID != "flatcar" {
 		return ""
 	}
+	h := sysext.Host{ID: o.ID, VersionID: o.VersionID, SysextLevel: o.SysextLevel}
+	if fc != nil {
+		h.Architecture, _ = sysext.Architecture(fc.Board)
+	}
+	found, err := sysext.Find(r.HostRoot, h)
+	if err != nil {
+		warn("system extensions: %v", err)
+	}
+	var waiting string
+	for _, e := range found {
+		switch {
+		case e.Refused != nil:
+			warn("the driver extension %s is not used: systemd-sysext refuses it: %v", e.Where, e.Refused)
+		case e.Merged:
+			return fmt.Sprintf("the system extension %s (driver %s, %s) provides the driver", e.Name, e.DriverVersion, e.Where)
+		case waiting == "":
+			waiting = fmt.Sprintf("the system extension %s (driver %s, %s, not merged yet) provides the driver", e.Name, e.DriverVersion, e.Where)
+		}
+	}
 	if m, _ := filepath.Glob(r.InHost("usr/lib/extension-release.d/extension-release.nvidia-drivers*")); len(m) > 0 {
 		return "the Flatcar NVIDIA driver sysext " + strings.TrimPrefix(filepath.Base(m[0]), "extension-release.") + " is merged"
+	}
+	if waiting != "" {
+		return waiting
 	}
 	if data, err := kernel.ReadSmall(r.InHost("etc/flatcar/enabled-sysext.conf")); err == nil {
 		for _, line := range strings.Split(string(data), "\n") {

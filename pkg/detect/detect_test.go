@@ -3,6 +3,8 @@ package detect
 import (
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
@@ -116,5 +118,59 @@ func TestPCISubsystemIDs(t *testing.T) {
 	}
 	if len(devs) != 2 || devs[0].SubVendor != 0x1028 || devs[0].SubDevice != 0x204b || devs[1].SubVendor != 0 || devs[1].SubDevice != 0 {
 		t.Errorf("devices = %+v", devs)
+	}
+}
+
+// A driver extension made by `driver-agent sysext` makes the host own the modules, and is named;
+// one made for another release, or another architecture, is refused as systemd-sysext would
+// refuse it, with a warning, and does not.
+func TestFlatcarDriverExtension(t *testing.T) {
+	t.Parallel()
+	const name = "nvidia-driver-535.261.03-flatcar4230.2.1"
+	write := func(t *testing.T, dir, rel, data string) {
+		t.Helper()
+		p := filepath.Join(dir, "host", filepath.FromSlash(rel))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name     string
+		files    map[string]string
+		driver   string // part of HostDriver; "" for none
+		warnings []string
+	}{
+		{"image waiting", map[string]string{"etc/extensions/" + name + ".raw": "squashfs"},
+			"the system extension " + name + " (driver 535.261.03, /etc/extensions/" + name + ".raw, not merged yet) provides the driver", nil},
+		{"merged", map[string]string{
+			"etc/extensions/" + name + ".raw":                       "squashfs",
+			"usr/lib/extension-release.d/extension-release." + name: "ID=flatcar\nVERSION_ID=4230.2.1\nARCHITECTURE=x86-64\n",
+		}, "the system extension " + name + " (driver 535.261.03, /usr/lib/extension-release.d/extension-release." + name + ") provides the driver", nil},
+		{"other release", map[string]string{"var/lib/extensions/nvidia-driver-535.261.03-flatcar4230.2.0.raw": "squashfs"}, "",
+			[]string{"the driver extension /var/lib/extensions/nvidia-driver-535.261.03-flatcar4230.2.0.raw is not used: systemd-sysext refuses it: " +
+				"the system extension does not fit the host: nvidia-driver-535.261.03-flatcar4230.2.0: it is for flatcar 4230.2.0, the host runs flatcar 4230.2.1; use the extension built for 4230.2.1"}},
+		{"other architecture", map[string]string{"run/extensions/" + name + "/usr/lib/extension-release.d/extension-release." + name: "ID=flatcar\nVERSION_ID=4230.2.1\nARCHITECTURE=arm64\n"}, "",
+			[]string{"the driver extension /run/extensions/" + name + " is not used: systemd-sysext refuses it: " +
+				"the system extension does not fit the host: " + name + ": it is for architecture arm64, the host is x86-64"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := hosttest.UnpackFile(t, filepath.Join("..", "..", "test", "fixtures", "flatcar-stable-gpu.txtar"))
+			for rel, data := range tc.files {
+				write(t, dir, rel, data)
+			}
+			f, err := Detect(hosttest.Roots(t, dir))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (tc.driver == "") != (f.HostDriver == "") || !strings.Contains(f.HostDriver, tc.driver) {
+				t.Errorf("host driver %q, want %q", f.HostDriver, tc.driver)
+			}
+			if !slices.Equal(f.Warnings, tc.warnings) {
+				t.Errorf("warnings %q, want %q", f.Warnings, tc.warnings)
+			}
+		})
 	}
 }
