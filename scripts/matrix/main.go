@@ -8,6 +8,7 @@
 //	go run ./scripts/matrix [flags] build         matrix of build images (Dockerfile.build), JSON
 //	go run ./scripts/matrix [flags] precompiled   matrix of precompiled images (Dockerfile.precompiled)
 //	go run ./scripts/matrix [flags] aliases       matrix of tags that name a build image under an OS tag
+//	go run ./scripts/matrix [flags] sysext        matrix of system extensions (driver-agent sysext), JSON
 //	go run ./scripts/matrix [flags] tags          every reference a run pushes, one a line
 //	go run ./scripts/matrix [flags] check         check the data file and every tag
 //	go run ./scripts/matrix check-tag TAG...      check tags against the scheme
@@ -58,7 +59,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, client *h
 		return 2
 	}
 	if fs.NArg() == 0 {
-		fmt.Fprintln(stderr, "matrix: name a command: build, precompiled, aliases, tags, check, check-tag or current")
+		fmt.Fprintln(stderr, "matrix: name a command: build, precompiled, aliases, sysext, tags, check, check-tag or current")
 		return 2
 	}
 	cmd, rest := fs.Arg(0), fs.Args()[1:]
@@ -92,7 +93,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, client *h
 		}
 		fmt.Fprintln(stdout, pairs)
 		return 0
-	case "build", "precompiled", "aliases", "tags", "check":
+	case "build", "precompiled", "aliases", "sysext", "tags", "check":
 	default:
 		fmt.Fprintf(stderr, "matrix: unknown command %q\n", cmd)
 		return 2
@@ -122,6 +123,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, client *h
 		m, _, err = PrecompiledMatrix(d, n)
 	case "aliases":
 		m, _, err = AliasMatrix(d, n)
+	case "sysext":
+		m = SysextMatrix(d, n)
 	case "tags", "check":
 		var refs []string
 		refs, err = AllRefs(d, n)

@@ -224,6 +224,26 @@ func TestMatrices(t *testing.T) {
 		t.Errorf("alias matrix refs %q, want %q", got, wantAliases)
 	}
 
+	sx := SysextMatrix(d, n)
+	got = nil
+	for _, e := range sx.Include {
+		if !strings.HasPrefix(e["base"], "ghcr.io/o/driver:v1.2.0-"+e["driver"]+"-flatcar") {
+			t.Errorf("%s: base %s, want the driver's build image", e["asset"], e["base"])
+		}
+		got = append(got, e["channel"]+" "+e["flatcar"]+" "+e["asset"])
+	}
+	wantSysext := []string{
+		"stable 4593.2.0 nvidia-driver-580.159.04-flatcar4593.2.0.raw",
+		"stable 4459.2.4 nvidia-driver-580.159.04-flatcar4459.2.4.raw",
+		"lts 4081.3.6 nvidia-driver-580.159.04-flatcar4081.3.6.raw",
+		"stable 4593.2.0 nvidia-driver-570.195.03-flatcar4593.2.0.raw",
+		"stable 4459.2.4 nvidia-driver-570.195.03-flatcar4459.2.4.raw",
+		"lts 4081.3.6 nvidia-driver-570.195.03-flatcar4081.3.6.raw",
+	}
+	if !slices.Equal(got, wantSysext) {
+		t.Errorf("sysext matrix:\n%q\nwant\n%q", got, wantSysext)
+	}
+
 	refs, err := AllRefs(d, n)
 	if err != nil {
 		t.Fatal(err)

@@ -241,3 +241,24 @@ func AllRefs(d *Data, n Naming) ([]string, error) {
 	slices.Sort(all)
 	return all, err
 }
+
+// SysextMatrix has one entry per driver and Flatcar release: the system extension
+// `driver-agent sysext` makes in that driver's build image (base) for the release, on amd64
+// (the extension's file name carries no architecture, so an arm64 one would collide with it in a
+// release's assets), published as the release asset named asset.
+func SysextMatrix(d *Data, n Naming) Matrix {
+	m := Matrix{Include: []Entry{}}
+	for _, drv := range d.Drivers {
+		base := n.primary(Tag{Driver: drv.Version, OS: "flatcar"})
+		for _, r := range d.Releases() {
+			m.Include = append(m.Include, Entry{
+				"driver":  drv.Version,
+				"flatcar": r.Version,
+				"channel": r.Channel,
+				"base":    base,
+				"asset":   "nvidia-driver-" + drv.Version + "-flatcar" + r.Version + ".raw",
+			})
+		}
+	}
+	return m
+}
