@@ -267,8 +267,9 @@ func (o Options) readModules() ([]builtModule, error) {
 }
 
 // depEntries writes modules.dep lines for mods: each module with the others of mods it needs,
-// transitively, nearest first as depmod lists them. Dependencies on the host's modules have no
-// path here; the unit loads those with modprobe.
+// transitively, in depmod's order (a module before the ones it needs: modprobe loads the list
+// from the end). Dependencies on the host's modules have no path here; the unit loads those with
+// modprobe.
 func depEntries(mods []builtModule) []byte {
 	byName := map[string]builtModule{}
 	for _, m := range mods {
@@ -277,30 +278,33 @@ func depEntries(mods []builtModule) []byte {
 	var b bytes.Buffer
 	for _, m := range mods {
 		fmt.Fprintf(&b, "updates/%s:", m.file)
-		for _, d := range closure(m, byName) {
-			fmt.Fprintf(&b, " updates/%s", byName[d].file)
+		load := loadOrderOf(m, byName)
+		for i := len(load) - 1; i >= 0; i-- {
+			fmt.Fprintf(&b, " updates/%s", byName[load[i]].file)
 		}
 		b.WriteByte('\n')
 	}
 	return b.Bytes()
 }
 
-// closure returns the modules of byName that m needs, transitively, nearest first.
-func closure(m builtModule, byName map[string]builtModule) []string {
+// loadOrderOf returns the modules of byName that m needs, transitively, each after the ones it
+// needs itself.
+func loadOrderOf(m builtModule, byName map[string]builtModule) []string {
 	var out []string
 	seen := map[string]bool{m.name: true}
-	queue := slices.Clone(m.depends)
-	for len(queue) > 0 {
-		d := queue[0]
-		queue = queue[1:]
-		dm, ok := byName[d]
-		if !ok || seen[d] {
-			continue
+	var visit func(builtModule)
+	visit = func(x builtModule) {
+		for _, d := range x.depends {
+			dm, ok := byName[d]
+			if !ok || seen[d] {
+				continue
+			}
+			seen[d] = true
+			visit(dm)
+			out = append(out, d)
 		}
-		seen[d] = true
-		out = append(out, d)
-		queue = append(queue, dm.depends...)
 	}
+	visit(m)
 	return out
 }
 

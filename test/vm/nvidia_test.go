@@ -116,6 +116,7 @@ func TestNVIDIA(t *testing.T) {
 		nv.timing("no bare make to compare the build with: make nvidia-bench adds one")
 	}
 	cached := nv.store(t, compiled.Modules, "kernel")
+	t.Run("sysext", func(t *testing.T) { nv.sysext(t, compiled.Modules) })
 	// driver-agent build and the open flavour's compile are not timed against anything: they run
 	// side by side, each filling the other's serial stretches on the two cores.
 	var pkg string

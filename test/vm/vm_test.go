@@ -39,6 +39,8 @@ type group struct {
 	benchRuns  int  // VMTEST_BENCH_RUNS
 	memMiB     int  // guest memory; 0 means defaultMemMiB
 	timeout    time.Duration
+	modules    []string                            // more modules from the kernel image, beside the prerequisites
+	extra      func(*testing.T, *harness, *rootfs) // adds the group's own files
 }
 
 func groups() []group {
@@ -55,6 +57,7 @@ func groups() []group {
 			scenarios: []string{"in-use-at-start", "foreign-holder"}},
 		{name: "driver-root", packages: true, timeout: 3 * time.Minute,
 			scenarios: []string{"driver-root-modprobe"}},
+		sysextGroup(),
 	}
 }
 
@@ -225,7 +228,7 @@ func (h *harness) boot(t *testing.T, g group) bootResult {
 	t.Helper()
 	initrd := filepath.Join(h.work, g.name+".cpio")
 	t0 := time.Now()
-	size, err := h.initramfs(g, initrd)
+	size, err := h.initramfs(t, g, initrd)
 	if err != nil {
 		t.Fatalf("initramfs for %s: %v", g.name, err)
 	}
@@ -304,7 +307,7 @@ func guestMS(details string) string {
 }
 
 // initramfs writes the guest's root filesystem for g to file and returns its size.
-func (h *harness) initramfs(g group, file string) (int64, error) {
+func (h *harness) initramfs(t *testing.T, g group, file string) (int64, error) {
 	r := h.baseRootfs(g, driverVersion)
 	std := h.standins["standard"]
 	for _, m := range []string{"nvidia.ko", "nvidia-uvm.ko", "nvidia-modeset.ko", "nvswitch-standin.ko", "gdrdrv.ko"} {
@@ -314,13 +317,16 @@ func (h *harness) initramfs(g group, file string) (int64, error) {
 	for _, m := range []string{nvInterface, nvCore, modesetInterface, modesetCore} {
 		r.file("vmtest/split/"+m, 0o644, std.path(m))
 	}
-	if err := h.addPrerequisites(r, g.compressed, prerequisiteModules()); err != nil {
+	if err := h.addPrerequisites(r, g.compressed, append(prerequisiteModules(), g.modules...)); err != nil {
 		return 0, err
 	}
 	if g.packages {
 		if err := h.addPackages(r); err != nil {
 			return 0, err
 		}
+	}
+	if g.extra != nil {
+		g.extra(t, h, r)
 	}
 	return h.writeRootfs(r, file)
 }
