@@ -101,6 +101,9 @@ func Build(ctx context.Context, o Options) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
+	if err := fixModes(stage); err != nil {
+		return Result{}, fmt.Errorf("sysext: %w", err)
+	}
 	tmp, err := o.squash(ctx, stage, name)
 	if err != nil {
 		return Result{}, err
@@ -535,6 +538,31 @@ func copyInto(dst, src string, perm os.FileMode) (err error) {
 		return fmt.Errorf("sysext: copy %s: %w", src, err)
 	}
 	return nil
+}
+
+// fixModes makes the staged tree's modes what the image must have whatever the umask:
+// directories 0755, executables 0755, other files 0644.
+func fixModes(dir string) error {
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		switch {
+		case d.IsDir():
+			return os.Chmod(p, 0o755)
+		case d.Type().IsRegular():
+			st, err := d.Info()
+			if err != nil {
+				return err
+			}
+			mode := os.FileMode(0o644)
+			if st.Mode()&0o100 != 0 {
+				mode = 0o755
+			}
+			return os.Chmod(p, mode)
+		}
+		return nil
+	})
 }
 
 // squash makes the squashfs image of dir in a temporary file beside the final one: files owned

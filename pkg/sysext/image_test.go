@@ -114,6 +114,21 @@ func TestBuild(t *testing.T) {
 		}
 	}
 
+	modes, err := exec.Command("unsquashfs", "-lls", res.Image).CombinedOutput()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"drwxr-xr-x root/root", "-rwxr-xr-x root/root", "-rw-r--r-- root/root"} {
+		if !strings.Contains(string(modes), want) {
+			t.Errorf("unsquashfs -lls has no %q:\n%s", want, modes)
+		}
+	}
+	for _, line := range strings.Split(string(modes), "\n") {
+		if strings.HasPrefix(line, "d") && !strings.HasPrefix(line, "drwxr-xr-x root/root") {
+			t.Errorf("directory not 0755 root/root: %s", line)
+		}
+	}
+
 	rel, err := sysext.ParseRelease(catFile(t, res.Image, "usr/lib/extension-release.d/extension-release."+name))
 	if err != nil {
 		t.Fatal(err)
