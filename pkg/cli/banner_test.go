@@ -23,7 +23,13 @@ const (
 // payload holds the banner as a C string.
 func writeBzImage(t *testing.T) string {
 	t.Helper()
-	kernel := append(bytes.Repeat([]byte{0x90, 0xe8, 0, 0, 0, 0}, 4000), []byte(cliBanner+"\n\x00")...)
+	return writeBzImageWith(t, cliBanner, cliKernelVersion)
+}
+
+// writeBzImageWith is writeBzImage for another banner and kernel version string.
+func writeBzImageWith(t *testing.T, banner, kernelVersion string) string {
+	t.Helper()
+	kernel := append(bytes.Repeat([]byte{0x90, 0xe8, 0, 0, 0, 0}, 4000), []byte(banner+"\n\x00")...)
 	var gz bytes.Buffer
 	w := gzip.NewWriter(&gz)
 	w.Write(kernel)
@@ -33,7 +39,7 @@ func writeBzImage(t *testing.T) string {
 	binary.LittleEndian.PutUint16(img[0x1fe:], 0xaa55)
 	copy(img[0x202:], "HdrS")
 	binary.LittleEndian.PutUint16(img[0x206:], 0x020f)
-	copy(img[0x300:], cliKernelVersion+"\x00")
+	copy(img[0x300:], kernelVersion+"\x00")
 	binary.LittleEndian.PutUint16(img[0x20e:], 0x100)
 	binary.LittleEndian.PutUint32(img[0x248:], 0)
 	binary.LittleEndian.PutUint32(img[0x24c:], uint32(gz.Len()))

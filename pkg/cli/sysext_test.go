@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/driver-agent/driver-agent/pkg/build/buildtest"
+	"github.com/driver-agent/driver-agent/pkg/flatcar"
+	"github.com/driver-agent/driver-agent/pkg/flatcar/flatcartest"
 	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
 	"github.com/driver-agent/driver-agent/pkg/modfile"
 	"github.com/driver-agent/driver-agent/pkg/sysext"
@@ -110,5 +112,72 @@ func TestSysextUsage(t *testing.T) {
 	}
 	if code, stdout, _ := runCLI("sysext", "--help"); code != 0 || !strings.Contains(stdout, "extension-release.<name>") {
 		t.Errorf("--help: %d %q", code, stdout)
+	}
+}
+
+// Without --kernel-build-tree, sysext downloads the release's kernel and build tree from the
+// release server (here Debian's headers published as Flatcar 4593.2.0 on a test server, signed
+// with a test key), verifies both, builds against the tree and names the kernel of the banner.
+func TestSysextDownloads(t *testing.T) {
+	t.Parallel()
+	release, tree, err := buildtest.Headers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries, err := flatcartest.DirEntries(tree)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tarball, err := flatcartest.Tarball(flatcartest.ContainerTree(release, entries))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := flatcartest.NewKey("release key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := flatcartest.NewServer(key)
+	defer srv.Close()
+	version := release + " (builder@localhost) #1 SMP PREEMPT_DYNAMIC Fri Jul 11 12:34:56 -00 2025"
+	image, err := os.ReadFile(writeBzImageWith(t, "Linux version "+release+" (builder@localhost) (gcc (Debian 12.2.0-14) 12.2.0, GNU ld 2.40) #1 SMP PREEMPT_DYNAMIC Fri Jul 11 12:34:56 -00 2025", version))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := flatcartest.ReleaseDir("stable", "amd64-usr", "4593.2.0")
+	if err := srv.PublishAs(dir, flatcar.KernelImage, image); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Publish(dir, tarball); err != nil {
+		t.Fatal(err)
+	}
+	work := t.TempDir()
+	keyFile := filepath.Join(work, "key.asc")
+	os.WriteFile(keyFile, key.ArmoredPublicKey(), 0o644)
+	source := filepath.Join(work, "source")
+	if err := buildtest.WriteSource(context.Background(), source, tree); err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(work, "root")
+	if err := sysexttest.UserspaceRoot(root, "0.0.1"); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(work, "out")
+	code, stdout, stderr := runCLI("sysext", "--flatcar-version", "4593.2.0", "--flatcar-release-url", srv.URLTemplate(), "--flatcar-signing-key", keyFile,
+		"--source", source, "--driver-version", "0.0.1", "--container-root", root, "-j", "2", "--work-dir", work, "-o", out)
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	if !strings.Contains(stdout, "(x86-64, kernel "+release+")") {
+		t.Errorf("stdout %q", stdout)
+	}
+	ko, err := exec.Command("unsquashfs", "-cat", filepath.Join(out, "nvidia-driver-0.0.1-flatcar4593.2.0.raw"), "usr/lib/modules/"+release+"/updates/nvidia.ko").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := modfile.Info(ko); err != nil || !strings.HasPrefix(info.Vermagic, release+" ") {
+		t.Errorf("nvidia.ko vermagic %q, %v", info.Vermagic, err)
+	}
+	if ents, _ := filepath.Glob(filepath.Join(work, "driver-agent-sysext-*")); len(ents) != 0 {
+		t.Errorf("work directories left: %v", ents)
 	}
 }
