@@ -263,7 +263,11 @@ func (o Options) readModules() ([]builtModule, error) {
 		if f := strings.Fields(info.Vermagic); len(f) == 0 || f[0] != o.KernelRelease {
 			return nil, fmt.Errorf("sysext: %w: module %s has vermagic %q, not for kernel %s", ErrInput, m.Path, info.Vermagic, o.KernelRelease)
 		}
-		mods = append(mods, builtModule{file: filepath.Base(m.Path), name: modfile.NameFromPath(m.Path), depends: info.Depends, data: data})
+		var deps []string // modpost writes the file names (nvidia-modeset); the kernel's names have underscores
+		for _, d := range info.Depends {
+			deps = append(deps, strings.ReplaceAll(d, "-", "_"))
+		}
+		mods = append(mods, builtModule{file: filepath.Base(m.Path), name: modfile.NameFromPath(m.Path), depends: deps, data: data})
 	}
 	sort.Slice(mods, func(i, j int) bool { return mods[i].file < mods[j].file })
 	return mods, nil

@@ -23,14 +23,15 @@ const (
 	kver = "6.12.81-flatcar"
 )
 
-// modules writes stand-in module files (ELF objects with a .modinfo) for kernel release kv.
+// modules writes stand-in module files (ELF objects with a .modinfo) for kernel release kv; their
+// depends= name modules as modpost does, by file name (nvidia-modeset).
 func modules(t *testing.T, kv string) []sysext.Module {
 	t.Helper()
 	dir := t.TempDir()
 	var mods []sysext.Module
-	for name, deps := range map[string]string{"nvidia": "i2c-core", "nvidia-uvm": "nvidia", "nvidia-modeset": "nvidia", "nvidia-drm": "nvidia,nvidia-modeset,drm,drm_kms_helper"} {
+	for name, deps := range map[string]string{"nvidia": "i2c_core", "nvidia-uvm": "nvidia", "nvidia-modeset": "nvidia", "nvidia-drm": "nvidia,nvidia-modeset,drm,drm_kms_helper"} {
 		p := filepath.Join(dir, name+".ko")
-		data := hosttest.ModuleELF("name="+strings.ReplaceAll(name, "-", "_"), "version="+drv, "depends="+strings.ReplaceAll(deps, "-", "_"), "vermagic="+kv+" SMP preempt mod_unload ")
+		data := hosttest.ModuleELF("name="+strings.ReplaceAll(name, "-", "_"), "version="+drv, "depends="+deps, "vermagic="+kv+" SMP preempt mod_unload ")
 		if err := os.WriteFile(p, data, 0o644); err != nil {
 			t.Fatal(err)
 		}
