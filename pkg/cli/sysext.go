@@ -195,7 +195,9 @@ func runSysext(ctx context.Context, prog string, args, environ []string, stdout,
 	})
 	if err != nil {
 		var be *build.Error
-		keep = errors.As(err, &be)
+		if keep = errors.As(err, &be); keep {
+			os.RemoveAll(filepath.Join(tmp, "flatcar")) // the log stays; the download need not
+		}
 		code := 1
 		for _, input := range []error{build.ErrInvalid, build.ErrKernelMismatch, build.ErrCompiler, build.ErrCompilerMismatch} {
 			if errors.Is(err, input) {
