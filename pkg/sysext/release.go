@@ -52,11 +52,6 @@ type Host struct {
 	ID, VersionID, SysextLevel, Architecture string
 }
 
-// HostFromOSRelease takes the fields of a parsed os-release.
-func HostFromOSRelease(vars map[string]string, arch string) Host {
-	return Host{ID: vars["ID"], VersionID: vars["VERSION_ID"], SysextLevel: vars["SYSEXT_LEVEL"], Architecture: arch}
-}
-
 // Check is systemd-sysext's test of an extension (named name) against the host: ARCHITECTURE, when
 // set and not _any, must be the host's; ID must be the host's (or _any); then, unless the host
 // names neither VERSION_ID nor SYSEXT_LEVEL, an extension with a SYSEXT_LEVEL needs the host's
