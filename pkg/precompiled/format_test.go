@@ -52,6 +52,25 @@ func TestChecksum(t *testing.T) {
 			t.Fatalf("len %d: table %08x, bitwise %08x", n, got, want)
 		}
 	}
+	// Eight bytes per step: any start and length within a large buffer gives the bitwise result.
+	big := make([]byte, 1<<20+13)
+	for i := range big {
+		big[i] = byte(r.Uint32())
+	}
+	for _, c := range [][2]int{{0, len(big)}, {1, len(big)}, {3, 1 << 20}, {7, 7 + 8*1000 + 5}, {5, 5 + 16}} {
+		b := big[c[0]:c[1]]
+		if got, want := Checksum(b), bitwiseCRC(b); got != want {
+			t.Errorf("bytes %d..%d: table %08x, bitwise %08x", c[0], c[1], got, want)
+		}
+	}
+}
+
+func BenchmarkChecksum(b *testing.B) {
+	data := make([]byte, 1<<20)
+	b.SetBytes(int64(len(data)))
+	for b.Loop() {
+		Checksum(data)
+	}
 }
 
 // raw builds test input: uint32 values little-endian, strings and byte
