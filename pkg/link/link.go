@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/modfile"
@@ -93,7 +94,8 @@ type Module struct {
 //
 //	<LD> -d -r -o <workDir>/<linked module name> <interface> <CoreObjectDir>/<core object name> [.module-common.o]
 //
-// in its own process group, killed when ctx is cancelled. .module-common.o is
+// in its own process group, killed when ctx is cancelled; the links run at the same time, and
+// the first failure (in package order) cancels the others. .module-common.o is
 // merged for kernels 6.12 and newer: the package's member of that name if it
 // carries one, else CoreObjectDir/.module-common.o if that exists.
 //
@@ -143,32 +145,78 @@ func Link(ctx context.Context, p *precompiled.Package, workDir string, opts Opti
 		ld = "ld"
 	}
 
-	var mods []Module
+	// Names first: two members giving one module is an invalid package, found before any ld runs.
+	mods := make([]Module, len(p.Files))
 	seen := map[string]string{}
 	for i := range p.Files {
 		f := &p.Files[i]
 		if f.Name == ModuleCommonObject {
 			continue
 		}
-		var m Module
+		name := modfile.NameFromPath(f.LinkedModuleName)
 		if f.Type == precompiled.KernelModule {
-			m = Module{Name: modfile.NameFromPath(f.Name), Path: paths[i],
-				Signed: f.Attributes&precompiled.AttrEmbeddedSignature != 0 || bytes.HasSuffix(f.Data, []byte(signatureMarker))}
-			if !m.Signed && opts.RequireSigned {
-				return nil, fmt.Errorf("link: %s: %w: the package's module carries no signature", f.Name, ErrUnsigned)
-			}
-		} else {
-			if m, err = linkInterface(ctx, f, paths[i], outputs[i], ld, common, opts, log); err != nil {
-				return nil, err
-			}
+			name = modfile.NameFromPath(f.Name)
 		}
-		if prev, ok := seen[m.Name]; ok {
-			return nil, fmt.Errorf("link: %w: members %q and %q both give module %s", precompiled.ErrInvalid, prev, f.Name, m.Name)
+		if prev, ok := seen[name]; ok {
+			return nil, fmt.Errorf("link: %w: members %q and %q both give module %s", precompiled.ErrInvalid, prev, f.Name, name)
 		}
-		seen[m.Name] = f.Name
-		mods = append(mods, m)
+		seen[name] = f.Name
 	}
-	return mods, nil
+	// The interfaces are linked at the same time (each ld is one process on one CPU); the first
+	// failure in package order is returned, and it cancels the links still running.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make([]error, len(p.Files))
+	var wg sync.WaitGroup
+	for i := range p.Files {
+		f := &p.Files[i]
+		switch {
+		case f.Name == ModuleCommonObject:
+		case f.Type == precompiled.KernelModule:
+			mods[i] = Module{Name: modfile.NameFromPath(f.Name), Path: paths[i],
+				Signed: f.Attributes&precompiled.AttrEmbeddedSignature != 0 || bytes.HasSuffix(f.Data, []byte(signatureMarker))}
+			if !mods[i].Signed && opts.RequireSigned {
+				errs[i] = fmt.Errorf("link: %s: %w: the package's module carries no signature", f.Name, ErrUnsigned)
+			}
+		default:
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if mods[i], errs[i] = linkInterface(ctx, f, paths[i], outputs[i], ld, common, opts, log); errs[i] != nil {
+					cancel()
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	if err := firstErr(errs); err != nil {
+		return nil, err
+	}
+	var out []Module
+	for i := range p.Files {
+		if p.Files[i].Name != ModuleCommonObject {
+			out = append(out, mods[i])
+		}
+	}
+	return out, nil
+}
+
+// firstErr returns the first non-nil error in package order that is not a link cancelled
+// because another one failed, or the first non-nil one when all are.
+func firstErr(errs []error) error {
+	var first error
+	for _, err := range errs {
+		if err == nil {
+			continue
+		}
+		if first == nil {
+			first = err
+		}
+		if !errors.Is(err, context.Canceled) {
+			return err
+		}
+	}
+	return first
 }
 
 // prepareWorkDir creates workDir with mode 0700, or checks that an existing

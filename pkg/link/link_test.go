@@ -616,3 +616,94 @@ func TestLinkThroughRunner(t *testing.T) {
 		t.Fatal("no modules")
 	}
 }
+
+// barrierRunner runs each linker only once want of them have started, so a Link that runs
+// them one after the other never gets its first one through.
+type barrierRunner struct {
+	want    int
+	mu      sync.Mutex
+	started int
+	all     chan struct{}
+}
+
+func (r *barrierRunner) Output(ctx context.Context, c host.Cmd) ([]byte, error) {
+	r.mu.Lock()
+	r.started++
+	if r.started == r.want {
+		close(r.all)
+	}
+	r.mu.Unlock()
+	select {
+	case <-r.all:
+	case <-time.After(20 * time.Second):
+		return nil, errors.New("this linker ran alone: the other one did not start beside it")
+	}
+	return exec.CommandContext(ctx, c.Path, c.Args...).Output()
+}
+
+// twoInterfaces is a package with nvidia.ko's and nvidia-modeset.ko's interfaces, and the
+// core object directory for both.
+func twoInterfaces(t *testing.T, o objects) (*precompiled.Package, string) {
+	t.Helper()
+	p := newPackage(t, debianBanner, o, nil)
+	f, err := precompiled.NewKernelInterface("nv-modeset-linux.o", "nvidia-modeset.ko", "nvidia-modeset/nv-modeset-kernel.o_binary", ".", o.iface)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Append(f); err != nil {
+		t.Fatal(err)
+	}
+	core := coreDir(t, o)
+	write(t, filepath.Join(core, "nvidia-modeset", "nv-modeset-kernel.o_binary"), o.core)
+	return p, core
+}
+
+// TestLinkRunsInterfacesTogether: both interfaces are linked at the same time, and the modules
+// come back in package order.
+func TestLinkRunsInterfacesTogether(t *testing.T) {
+	t.Parallel()
+	o := stubs(t)
+	p, core := twoInterfaces(t, o)
+	runner := &barrierRunner{want: 2, all: make(chan struct{})}
+	work := filepath.Join(t.TempDir(), "work")
+	mods, err := Link(context.Background(), p, work, Options{CoreObjectDir: core, Runner: runner})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(mods) != 2 || mods[0].Name != "nvidia" || mods[1].Name != "nvidia_modeset" ||
+		mods[0].Path != filepath.Join(work, "nvidia.ko") || mods[1].Path != filepath.Join(work, "nvidia-modeset.ko") {
+		t.Fatalf("modules %+v", mods)
+	}
+	for _, m := range mods {
+		definedSymbols(t, m.Path)
+	}
+}
+
+// failingRunner fails the link of nvidia-modeset.ko at once and holds nvidia.ko's until its
+// context ends (or fails it after 20 s).
+type failingRunner struct{}
+
+func (failingRunner) Output(ctx context.Context, c host.Cmd) ([]byte, error) {
+	if strings.Contains(strings.Join(c.Args, " "), "nv-modeset-linux.o") {
+		return nil, errors.New("exit status 1: undefined reference to nv_modeset_core")
+	}
+	select {
+	case <-ctx.Done():
+		return nil, errors.Join(errors.New("killed"), ctx.Err())
+	case <-time.After(20 * time.Second):
+		return nil, errors.New("nvidia.ko's link was not cancelled")
+	}
+}
+
+// TestLinkFailureCancelsTheOther: when one link fails, the one still running is cancelled and
+// Link returns the failure, not the cancellation.
+func TestLinkFailureCancelsTheOther(t *testing.T) {
+	t.Parallel()
+	o := stubs(t)
+	p, core := twoInterfaces(t, o)
+	_, err := Link(context.Background(), p, filepath.Join(t.TempDir(), "work"), Options{CoreObjectDir: core, Runner: failingRunner{}})
+	if !errors.Is(err, ErrLink) || errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "link nvidia-modeset.ko") ||
+		!strings.Contains(err.Error(), "nv_modeset_core") {
+		t.Fatalf("err = %v; want nvidia-modeset.ko's link failure", err)
+	}
+}
