@@ -83,10 +83,12 @@ type imageSource struct {
 	runner        interface {
 		Output(ctx context.Context, c host.Cmd) ([]byte, error)
 	}
-	buildRunner host.Runner    // runs the compile path's children; nil means os/exec
-	cfg         *config.Config // the compile path's settings
-	terminal    io.Writer      // progress bars, when stderr is a terminal
-	entry       *cache.Entry   // the entry Find verified, used by Prepare
+	buildRunner host.Runner          // runs the compile path's children; nil means os/exec
+	cfg         *config.Config       // the compile path's settings
+	terminal    io.Writer            // progress bars, when stderr is a terminal
+	entry       *cache.Entry         // the entry Find verified, used by Prepare
+	pkg         *precompiled.Package // the package Find chose (read and checked once), linked by Prepare
+	pkgPath     string               // its file
 	compile     compile.Options
 	compileErr  error         // why the compile path cannot work, found by Find
 	storing     chan struct{} // closed when the background cache store has ended
@@ -169,6 +171,7 @@ func (s *imageSource) Find(_ context.Context, f detect.Facts, flavor string) (De
 	if res.Found() {
 		s.log.Info("Found NVIDIA driver package " + filepath.Base(res.Path))
 		d.Path, d.Package = PathPrecompiled, res.Path
+		s.pkg, s.pkgPath = res.Package, res.Path
 		d.Reason = fmt.Sprintf("kernel interface matches: %s was built for this kernel banner and driver %s", filepath.Base(res.Path), s.version)
 		return d, nil
 	}
@@ -340,9 +343,12 @@ func (s *imageSource) Prepare(ctx context.Context, d Decision, workDir string) (
 		}
 		return pick(s.entry.Modules, d)
 	case PathPrecompiled:
-		p, err := precompiled.ReadFile(d.Package)
-		if err != nil {
-			return nil, fmt.Errorf("%w: %w", exitcode.ErrModuleLoad, err)
+		p := s.pkg
+		if p == nil || d.Package != s.pkgPath {
+			var err error
+			if p, err = precompiled.ReadFile(d.Package); err != nil {
+				return nil, fmt.Errorf("%w: %w", exitcode.ErrModuleLoad, err)
+			}
 		}
 		s.log.Info("Relinking NVIDIA driver kernel modules...", "package", d.Package)
 		mods, err := link.Link(ctx, p, filepath.Join(workDir, "link"), link.Options{
