@@ -122,7 +122,8 @@ func helper(mode string) int {
 		fmt.Printf("orphan %d\n", c.Pid)
 		return 0
 	case "fork1": // like nvidia-persistenced: fork a daemon into its own session, return 0
-		c, err := spawnSelf("fork2", true)
+		// fork1=<duration>: the daemon writes its PID file that long after the launcher returned.
+		c, err := spawnSelf("fork2="+arg, true)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 2
@@ -131,7 +132,7 @@ func helper(mode string) int {
 		fmt.Printf("launcher done (%v)\n", st)
 		return 0
 	case "fork2": // the middle of the double fork: start the daemon and leave it orphaned
-		if _, err := spawnSelf("persist", false); err != nil {
+		if _, err := spawnSelf("persist="+arg, false); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 2
 		}
@@ -144,6 +145,9 @@ func helper(mode string) int {
 		return 0
 	case "persist": // the daemon itself: write the PID file, run until SIGTERM, clean up
 		term := notify(syscall.SIGTERM)
+		if d, err := time.ParseDuration(arg); err == nil {
+			time.Sleep(d)
+		}
 		path := os.Getenv(pidFileEnv)
 		tmp := path + ".tmp"
 		if err := os.WriteFile(tmp, []byte(strconv.Itoa(pid)+"\n"), 0o644); err == nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -260,8 +261,12 @@ func (r *Runner) runForking(ctx context.Context) (crash, stopErr error) {
 	}
 }
 
-// awaitPIDFile polls the PID file until it names a running process of the daemon's program.
+// awaitPIDFile waits until the PID file names a running process of the daemon's program. It
+// checks again whenever something is written in the file's directory (inotify), and every
+// ProbeInterval besides (a process to verify may still be starting, or inotify is unavailable).
 func (r *Runner) awaitPIDFile(ctx context.Context, deadline Timer) (*tracked, error) {
+	w := watchDir(filepath.Dir(r.spec.PIDFile), r.log)
+	defer w.close()
 	var lastErr error
 	warned := false
 	for {
@@ -287,9 +292,65 @@ func (r *Runner) awaitPIDFile(ctx context.Context, deadline Timer) (*tracked, er
 		case <-deadline.C():
 			t.Stop()
 			return nil, fmt.Errorf("no running %s in %s within %s: %w", r.spec.Program, r.spec.PIDFile, r.spec.StartTimeout, lastErr)
+		case <-w.events():
+			t.Stop()
 		case <-t.C():
 		}
 	}
+}
+
+// dirWatch tells, through inotify, that something in a directory was created, written or
+// renamed into it. A nil *dirWatch (no inotify, or the directory cannot be watched) never does.
+type dirWatch struct {
+	f       *os.File
+	changed chan struct{} // one pending notice; more are merged
+	done    chan struct{}
+}
+
+// watchDir starts watching dir; it returns nil, after a debug record, when it cannot.
+func watchDir(dir string, log *slog.Logger) *dirWatch {
+	fd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
+	if err != nil {
+		log.Debug("no inotify; checking the PID file at the probe interval only", "error", err)
+		return nil
+	}
+	if _, err := unix.InotifyAddWatch(fd, dir, unix.IN_CREATE|unix.IN_MOVED_TO|unix.IN_CLOSE_WRITE|unix.IN_MODIFY); err != nil {
+		unix.Close(fd)
+		log.Debug("cannot watch the PID file's directory; checking at the probe interval only", "dir", dir, "error", err)
+		return nil
+	}
+	// Non-blocking, so the runtime's poller waits for events and Close ends a pending Read.
+	w := &dirWatch{f: os.NewFile(uintptr(fd), "inotify "+dir), changed: make(chan struct{}, 1), done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		buf := make([]byte, 4096)
+		for {
+			if _, err := w.f.Read(buf); err != nil {
+				return
+			}
+			select {
+			case w.changed <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	return w
+}
+
+// events returns the channel that receives a notice after changes; nil for a nil watch.
+func (w *dirWatch) events() <-chan struct{} {
+	if w == nil {
+		return nil
+	}
+	return w.changed
+}
+
+func (w *dirWatch) close() {
+	if w == nil {
+		return
+	}
+	w.f.Close()
+	<-w.done
 }
 
 // clearPIDFile handles a PID file left by an earlier run before a start: a process of the

@@ -47,6 +47,28 @@ func readPID(t *testing.T, path string) int {
 	return pid
 }
 
+// TestPIDFileWrittenAfterTheLauncher: the daemon writes its PID file 300 ms after the launcher
+// returned, and the probe interval is an hour: the start notices the file when it is written
+// (inotify on its directory), not at the next probe.
+func TestPIDFileWrittenAfterTheLauncher(t *testing.T) {
+	t.Parallel()
+	spec, pidFile := persistencedSpec(t, "fork1=300ms")
+	spec.ProbeInterval = time.Hour
+	f := newRunner(t, spec, false)
+	stop, _ := runAsync(t, f.r)
+	waitLog(t, f.log, "launcher done")
+	if _, err := os.Stat(pidFile); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the PID file is there when the launcher is done (%v); the wait below would prove nothing", err)
+	}
+	st := waitState(t, f.r, daemon.StateUp)
+	if got := readPID(t, pidFile); got != st.PID {
+		t.Errorf("up with pid %d, the PID file says %d", st.PID, got)
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+}
+
 func TestPIDFileDaemon(t *testing.T) {
 	t.Parallel()
 	spec, pidFile := persistencedSpec(t, "fork1")
