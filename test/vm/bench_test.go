@@ -136,6 +136,9 @@ func benchReport(recs []benchRecord, runs int, notes string) string {
 		if l := field(k, "link_ms"); len(l) > 0 {
 			fmt.Fprintf(&b, "%-12s   of which ld    %s\n", "", summarize(l))
 		}
+		if l := field(k, "persistenced_ms"); len(l) > 0 {
+			fmt.Fprintf(&b, "%-12s   persistenced   %s\n", "", summarize(l))
+		}
 		fmt.Fprintf(&b, "%-12s teardown        %s\n", "", summarize(field(k, "teardown_ms")))
 		if hwm := field(k, "hwm_kb"); len(hwm) > 0 {
 			m := summarize(hwm)
@@ -152,6 +155,13 @@ func benchReport(recs []benchRecord, runs int, notes string) string {
 				fmt.Fprintf(&b, "  %-12s / %-12s %5.2fx  (agent overhead %+8.1f ms)\n", k, s, a/base, a-base)
 			}
 		}
+	}
+	if full, base := med("precompiled", "ready_ms"), med("script-full", "ready_ms"); base > 0 {
+		fmt.Fprintf(&b, "  goal: precompiled / script-full %.2fx (target <= 1.2x)\n", full/base)
+	}
+	if pd := field("script-full", "persistenced_ms"); len(pd) > 0 {
+		fmt.Fprintf(&b, "  goal: cached - (script-min + persistenced's own start) %+.1f ms (target <= 100 ms)\n",
+			med("cached", "ready_ms")-med("script-min", "ready_ms")-summarize(pd).median)
 	}
 	fmt.Fprintf(&b, "teardown ratios of medians:\n")
 	for _, k := range []string{"precompiled", "cached"} {

@@ -10,7 +10,8 @@
 # Each run prints one line for the harness to turn into figures; nothing here is a pass/fail
 # check on time (the scenario fails only when a run does not reach its end state):
 #   VMTEST-BENCH kind=<kind> run=<n> ready_ms=<ms> teardown_ms=<ms> [agent_ms=<ms> hwm_kb=<kb>
-#                rss_kb=<kb> rc=<rc> phases=<name>:<ms>,...] [link_ms=<ms> (script-full)]
+#                rss_kb=<kb> rc=<rc> phases=<name>:<ms>,...] [link_ms=<ms> persistenced_ms=<ms>
+#                (script-full: the two ld, and the nvidia-persistenced stand-in's own start)]
 
 # ns_now sets NS to CLOCK_MONOTONIC in nanoseconds, without starting a process.
 ns_now() {
@@ -117,7 +118,7 @@ agent_log_ms() {
 
 # bench_script KIND RUN: the busybox script; full adds the link, firmware path, daemon and mount.
 bench_script() {
-	local kind=$1 run=$2 t0 t1 t2 t3 m maj name uvm pid n link=
+	local kind=$1 run=$2 t0 t1 t2 t3 m maj name uvm pid pd n link=
 	ns_now
 	t0=$NS
 	if [ "$kind" = script-full ]; then
@@ -144,7 +145,11 @@ bench_script() {
 	mknod -m 666 /dev/nvidia-uvm-tools c "$uvm" 1
 	if [ "$kind" = script-full ]; then
 		echo "$FIRMWARE_WANT" >"$FIRMWARE_PATH"
+		ns_now
+		pd=$NS
 		nvidia-persistenced --persistence-mode || fail "$kind: nvidia-persistenced"
+		ns_now
+		link="$link persistenced_ms=$(fmt_ms $((NS - pd)))"
 		mkdir -p "$DRIVER_ROOT"
 		mount -o rbind / "$DRIVER_ROOT" || fail "$kind: mount"
 	fi
