@@ -200,10 +200,18 @@ func (r *run) prepare(ctx context.Context) error {
 		return os.RemoveAll(workDir)
 	})
 	images, err := r.source().Prepare(ctx, r.decision, workDir)
+	if errors.Is(err, errDamagedEntry) {
+		r.Log.Warn("damaged cache entry removed; it will be rebuilt", "error", err)
+		if err := r.decide(ctx); err != nil {
+			return err
+		}
+		images, err = r.source().Prepare(ctx, r.decision, workDir)
+	}
 	if err != nil {
 		return err
 	}
 	r.images = images
+	r.push(PhasePrepare, func(context.Context) error { closeFiles(r.images); return nil }) // when load did not run
 	return nil
 }
 
@@ -272,6 +280,7 @@ func (r *run) load(ctx context.Context) error {
 	}
 	r.Log.Info("Loading NVIDIA driver kernel modules...")
 	loaded, err := loader.Load(ctx, files)
+	closeFiles(r.images)
 	if err != nil {
 		return err
 	}

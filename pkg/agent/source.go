@@ -86,7 +86,8 @@ type imageSource struct {
 	buildRunner host.Runner          // runs the compile path's children; nil means os/exec
 	cfg         *config.Config       // the compile path's settings
 	terminal    io.Writer            // progress bars, when stderr is a terminal
-	entry       *cache.Entry         // the entry Find verified, used by Prepare
+	entry       *cache.Entry         // the entry Find checked, whose modules Prepare verifies
+	damaged     error                // why Prepare removed that entry
 	pkg         *precompiled.Package // the package Find chose (read and checked once), linked by Prepare
 	pkgPath     string               // its file
 	compile     compile.Options
@@ -132,10 +133,15 @@ func (s *imageSource) key(flavor string) cache.Key {
 func (s *imageSource) Find(_ context.Context, f detect.Facts, flavor string) (Decision, error) {
 	s.release, s.banner, s.found = f.KernelRelease, f.Banner, true
 	var d Decision
+	if s.damaged != nil { // Prepare found the entry Find chose damaged, and removed it
+		d.Skipped = append(d.Skipped, "cache: "+s.damaged.Error())
+	}
 	if s.cacheDir != "" {
-		lookup := cache.Lookup
+		// Open leaves the modules' sha256 to Prepare, which verifies each through the descriptor
+		// it is then loaded from: what is loaded is hashed once, the package (never loaded) not.
+		lookup := cache.Open
 		if s.dryRun {
-			lookup = cache.Peek // neither removes a damaged entry nor marks a hit as used
+			lookup = cache.Peek // verifies all, neither removes a damaged entry nor marks a hit as used
 		}
 		entry, ok, err := lookup(s.cacheDir, s.key(flavor))
 		s.count(func(st *SourceStats) {
@@ -341,7 +347,11 @@ func (s *imageSource) Prepare(ctx context.Context, d Decision, workDir string) (
 		if s.entry == nil || s.entry.Dir != d.Package {
 			return nil, fmt.Errorf("%w: no verified cache entry for %s", exitcode.ErrNoInstallPath, d.Package)
 		}
-		return pick(s.entry.Modules, d)
+		images, err := pick(s.entry.Modules, d)
+		if err != nil {
+			return nil, err
+		}
+		return s.openCached(images)
 	case PathPrecompiled:
 		p := s.pkg
 		if p == nil || d.Package != s.pkgPath {
@@ -363,6 +373,42 @@ func (s *imageSource) Prepare(ctx context.Context, d Decision, workDir string) (
 		return s.compileModules(ctx, d, workDir)
 	}
 	return nil, fmt.Errorf("%w: install path %q", exitcode.ErrNoInstallPath, d.Path)
+}
+
+// errDamagedEntry says the cache entry Find chose failed verification in Prepare and was
+// removed: the agent decides again (Find then misses the cache) and prepares what it chooses.
+var errDamagedEntry = errors.New("damaged cache entry removed; it will be rebuilt")
+
+// openCached opens each cached module, verifying its sha256 through the file the kernel then
+// loads it from. A damaged module removes the entry (errDamagedEntry) and nothing stays open.
+func (s *imageSource) openCached(images []host.ModuleImage) ([]host.ModuleImage, error) {
+	for i := range images {
+		f, err := s.entry.OpenModule(images[i].Name)
+		if err == nil {
+			images[i].File = f
+			continue
+		}
+		closeFiles(images)
+		if !errors.Is(err, cache.ErrCorrupt) {
+			return nil, fmt.Errorf("%w: %w", exitcode.ErrModuleLoad, err)
+		}
+		if rmErr := s.entry.Remove(); rmErr != nil {
+			err = fmt.Errorf("%w; removing it failed: %w", err, rmErr)
+		}
+		s.entry, s.damaged = nil, err
+		s.count(func(st *SourceStats) { st.CacheHits-- }) // not a hit after all: the next Find counts the miss
+		return nil, fmt.Errorf("%w: %w", errDamagedEntry, err)
+	}
+	return images, nil
+}
+
+// closeFiles closes the files images hold open; closing one twice does no harm.
+func closeFiles(images []host.ModuleImage) {
+	for _, im := range images {
+		if im.File != nil {
+			im.File.Close()
+		}
+	}
 }
 
 // pick returns the modules of d.Modules from mods, or says which are missing.

@@ -1,15 +1,20 @@
 package agent
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/driver-agent/driver-agent/pkg/cache"
 	"github.com/driver-agent/driver-agent/pkg/detect"
 	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
+	"github.com/driver-agent/driver-agent/pkg/link"
 )
 
 // TestPrepareLinksThePackageFindChose: the package is read and checked once, by Find; Prepare
@@ -41,5 +46,73 @@ func TestPrepareLinksThePackageFindChose(t *testing.T) {
 		if err != nil || !strings.HasPrefix(im.Path, filepath.Join(work, "link")) || !strings.Contains(string(data), "name="+im.Name) {
 			t.Errorf("module %s at %s: %q, %v", im.Name, im.Path, data, err)
 		}
+	}
+}
+
+// TestCachedModulesLoadFromTheVerifiedFile: Prepare hands over each cached module open, after
+// verifying it through that file, so a file put in its place afterwards is not what is loaded;
+// a damaged module removes the entry.
+func TestCachedModulesLoadFromTheVerifiedFile(t *testing.T) {
+	dir := t.TempDir()
+	roots := hosttest.Roots(t, dir)
+	banner := "Linux version 6.6.95-flatcar (build@pony) #1 SMP"
+	cacheDir := filepath.Join(dir, "cache")
+	var mods []link.Module
+	for _, name := range []string{"nvidia", "nvidia_uvm", "nvidia_modeset"} {
+		path := filepath.Join(dir, strings.ReplaceAll(name, "_", "-")+".ko")
+		if err := os.WriteFile(path, hosttest.ModuleELF("name="+name, "version="+testVersion), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		mods = append(mods, link.Module{Name: name, Path: path})
+	}
+	s := &imageSource{roots: roots, version: testVersion, banner: banner, cacheDir: cacheDir, log: slog.New(slog.DiscardHandler)}
+	entry, err := cache.Store(cacheDir, s.key("kernel"), mods)
+	if err != nil {
+		t.Fatal(err)
+	}
+	find := func() Decision {
+		t.Helper()
+		d, err := s.Find(context.Background(), detect.Facts{KernelRelease: "6.6.95-flatcar", Banner: banner}, "kernel")
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.Modules = []string{"nvidia", "nvidia_uvm", "nvidia_modeset"}
+		return d
+	}
+	d := find()
+	if d.Path != PathCached {
+		t.Fatalf("Find = %+v; want the cache", d)
+	}
+	images, err := s.Prepare(context.Background(), d, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeFiles(images)
+	want, _ := os.ReadFile(entry.Modules[0].Path)
+	other := bytes.Clone(want)
+	other[len(other)/2] ^= 0xff // same size: only the sha256 tells
+	if err := os.WriteFile(entry.Modules[0].Path+".new", other, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(entry.Modules[0].Path+".new", entry.Modules[0].Path); err != nil {
+		t.Fatal(err)
+	}
+	if images[0].File == nil {
+		t.Fatal("nvidia's image has no open file: the kernel would read whatever is at its path now")
+	}
+	got, _ := io.ReadAll(io.NewSectionReader(images[0].File, 0, 1<<30))
+	if !bytes.Equal(got, want) {
+		t.Errorf("the open file holds %d other bytes, want the verified module", len(got))
+	}
+
+	// The replaced file is damage: the next Prepare refuses the entry and removes it.
+	if d = find(); d.Path != PathCached {
+		t.Fatalf("Find = %+v; want the cache (only the contents differ)", d)
+	}
+	if _, err := s.Prepare(context.Background(), d, t.TempDir()); !errors.Is(err, errDamagedEntry) || !errors.Is(err, cache.ErrCorrupt) {
+		t.Fatalf("Prepare of the damaged entry = %v; want errDamagedEntry", err)
+	}
+	if _, err := os.Stat(entry.Dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the damaged entry is still there: %v", err)
 	}
 }

@@ -16,8 +16,12 @@
 // Entries are written to a temporary directory and renamed into place, so a
 // crash never leaves a half-written entry under its final name. Lookup
 // verifies every sha256 before it returns an entry and removes an entry that
-// fails; Peek verifies the same way and writes nothing (for a dry run); Prune
-// bounds the number of entries, removing the least recently used first.
+// fails; Peek verifies the same way and writes nothing (for a dry run). Open
+// is Lookup for a caller that loads the modules: it checks everything but the
+// contents, and OpenModule verifies each module's sha256 on the descriptor
+// the module is then loaded from, so what is loaded is hashed once and the
+// package (never loaded) not at all. Prune bounds the number of entries,
+// removing the least recently used first.
 package cache
 
 import (
@@ -321,17 +325,71 @@ func syncPath(path string) error {
 // A hit sets the manifest's modification time to now, so that Prune removes
 // the least recently used entries first.
 func Lookup(dir string, key Key) (Entry, bool, error) {
-	return lookup(dir, key, true)
+	return lookup(dir, key, true, true)
 }
+
+// Open is Lookup without hashing the files: the manifest, the key, the
+// package's header and every module's type and size are checked (an entry
+// that fails is removed and reported as Lookup does), their sha256 not. A
+// caller that loads the modules opens each with OpenModule, which verifies
+// it.
+func Open(dir string, key Key) (Entry, bool, error) {
+	return lookup(dir, key, true, false)
+}
+
+// OpenModule opens the entry's module file for the module named name and
+// verifies its size and sha256 against the manifest, reading it through the
+// returned file, which is positioned at its start again: load from it (e.g.
+// finit_module on its descriptor) and the bytes loaded are the bytes
+// verified, unless the file is written to meanwhile. A module that differs
+// gives an error wrapping ErrCorrupt; the entry is left in place (see Remove).
+func (e Entry) OpenModule(name string) (*os.File, error) {
+	var sum *ModuleSum
+	for i := range e.Manifest.Modules {
+		if e.Manifest.Modules[i].Name == name {
+			sum = &e.Manifest.Modules[i]
+		}
+	}
+	if sum == nil {
+		return nil, fmt.Errorf("cache: %s holds no module %s", e.Dir, name)
+	}
+	root, err := os.OpenRoot(e.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("cache: %w", err)
+	}
+	defer root.Close()
+	rel := filepath.Join(ModulesDir, sum.File)
+	f, err := openRegular(root, rel)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %s: %v", ErrCorrupt, e.Dir, rel, err)
+	}
+	h := sha256.New()
+	size, err := io.Copy(h, f)
+	if err == nil {
+		_, err = f.Seek(0, io.SeekStart)
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("cache: %s: %w", rel, err)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != sum.SHA256 || size != sum.Size {
+		f.Close()
+		return nil, fmt.Errorf("%w: %s: %s: sha256 %s (%d bytes), manifest says %s (%d bytes)", ErrCorrupt, e.Dir, rel, got, size, sum.SHA256, sum.Size)
+	}
+	return f, nil
+}
+
+// Remove removes the entry, as Lookup does with one that fails verification.
+func (e Entry) Remove() error { return os.RemoveAll(e.Dir) }
 
 // Peek is Lookup without writing: an entry that fails verification is
 // reported the same way but left in place, and a hit leaves the manifest's
 // modification time alone. A dry run uses it.
 func Peek(dir string, key Key) (Entry, bool, error) {
-	return lookup(dir, key, false)
+	return lookup(dir, key, false, true)
 }
 
-func lookup(dir string, key Key, write bool) (Entry, bool, error) {
+func lookup(dir string, key Key, write, contents bool) (Entry, bool, error) {
 	if err := key.validate(); err != nil {
 		return Entry{}, false, fmt.Errorf("cache lookup: %w: %w", ErrInvalid, err)
 	}
@@ -342,7 +400,7 @@ func lookup(dir string, key Key, write bool) (Entry, bool, error) {
 		}
 		return Entry{}, false, fmt.Errorf("cache lookup: %w", err)
 	}
-	e, err := verify(final, key)
+	e, err := verify(final, key, contents)
 	if err != nil {
 		if !errors.Is(err, ErrCorrupt) || !write {
 			return Entry{}, false, fmt.Errorf("cache lookup: %w", err)
@@ -360,9 +418,10 @@ func lookup(dir string, key Key, write bool) (Entry, bool, error) {
 	return e, true, nil
 }
 
-// verify checks the entry in dir against key and returns it. Every problem
-// with the entry's contents wraps ErrCorrupt.
-func verify(dir string, key Key) (Entry, error) {
+// verify checks the entry in dir against key and returns it; without
+// contents, the files' sha256 are not computed. Every problem with the
+// entry's contents wraps ErrCorrupt.
+func verify(dir string, key Key, contents bool) (Entry, error) {
 	corrupt := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s: %s", ErrCorrupt, dir, fmt.Sprintf(format, args...))
 	}
@@ -395,7 +454,7 @@ func verify(dir string, key Key) (Entry, error) {
 	// Only the package's header is parsed; the rest is hashed as a stream, so that a hit never
 	// holds a copy of every module in memory. The sha256 ties it to what Store wrote.
 	var h precompiled.Header
-	sum, err := hashFile(root, m.Package.File, func(r io.Reader) error {
+	sum, err := hashFile(root, m.Package.File, contents, func(r io.Reader) error {
 		var err error
 		h, err = precompiled.ReadHeader(r)
 		return err
@@ -403,7 +462,7 @@ func verify(dir string, key Key) (Entry, error) {
 	if err != nil {
 		return Entry{}, corrupt("%s: %v", m.Package.File, err)
 	}
-	if sum != m.Package.SHA256 {
+	if contents && sum != m.Package.SHA256 {
 		return Entry{}, corrupt("%s: sha256 %s, manifest says %s", m.Package.File, sum, m.Package.SHA256)
 	}
 	if h.DriverVersion != key.DriverVersion || h.ProcVersion != key.Banner {
@@ -416,7 +475,10 @@ func verify(dir string, key Key) (Entry, error) {
 	for _, mod := range m.Modules {
 		rel := filepath.Join(ModulesDir, mod.File)
 		var size int64
-		sum, err := hashFile(root, rel, func(r io.Reader) error {
+		sum, err := hashFile(root, rel, contents, func(r io.Reader) error {
+			if !contents {
+				return nil
+			}
 			var err error
 			size, err = io.Copy(io.Discard, r)
 			return err
@@ -424,7 +486,11 @@ func verify(dir string, key Key) (Entry, error) {
 		if err != nil {
 			return Entry{}, corrupt("%s: %v", rel, err)
 		}
-		if sum != mod.SHA256 || size != mod.Size {
+		if !contents {
+			if st, err := root.Stat(rel); err != nil || st.Size() != mod.Size {
+				return Entry{}, corrupt("%s: %d bytes, manifest says %d", rel, sizeOf(st), mod.Size)
+			}
+		} else if sum != mod.SHA256 || size != mod.Size {
 			return Entry{}, corrupt("%s: sha256 %s (%d bytes), manifest says %s (%d bytes)", rel, sum, size, mod.SHA256, mod.Size)
 		}
 		e.Modules = append(e.Modules, link.Module{Name: mod.Name, Path: filepath.Join(dir, rel), Signed: mod.Signed})
@@ -433,20 +499,17 @@ func verify(dir string, key Key) (Entry, error) {
 }
 
 // hashFile opens the regular file rel under root, passes its contents to use
-// and returns their sha256.
-func hashFile(root *os.Root, rel string, use func(io.Reader) error) (string, error) {
-	st, err := root.Lstat(rel)
-	if err != nil {
-		return "", err
-	}
-	if !st.Mode().IsRegular() {
-		return "", errors.New("not a regular file")
-	}
-	f, err := root.Open(rel)
+// and returns their sha256; without hash, only what use reads is read, and the
+// sum is "".
+func hashFile(root *os.Root, rel string, hash bool, use func(io.Reader) error) (string, error) {
+	f, err := openRegular(root, rel)
 	if err != nil {
 		return "", err
 	}
 	defer f.Close()
+	if !hash {
+		return "", use(f)
+	}
 	h := sha256.New()
 	if err := use(io.TeeReader(f, h)); err != nil {
 		return "", err
@@ -456,6 +519,25 @@ func hashFile(root *os.Root, rel string, use func(io.Reader) error) (string, err
 		return "", err
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// openRegular opens rel under root when it is a regular file (not a symbolic link).
+func openRegular(root *os.Root, rel string) (*os.File, error) {
+	st, err := root.Lstat(rel)
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, errors.New("not a regular file")
+	}
+	return root.Open(rel)
+}
+
+func sizeOf(st fs.FileInfo) int64 {
+	if st == nil {
+		return -1
+	}
+	return st.Size()
 }
 
 // Prune keeps at most maxEntries entries in dir, removing those whose manifest was

@@ -3,6 +3,7 @@ package cache
 import (
 	"bytes"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -459,5 +460,98 @@ func TestPrune(t *testing.T) {
 	}
 	if removed, err := Prune(filepath.Join(dir, "missing"), 1); err != nil || removed != nil {
 		t.Errorf("Prune of a missing dir = %v, %v", removed, err)
+	}
+}
+
+// TestOpenVerifiesWhatIsLoaded: Open checks all but the contents; OpenModule hashes the module
+// through the file it returns (at its start, holding the stored bytes) and refuses a damaged one.
+func TestOpenVerifiesWhatIsLoaded(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	key := testKey()
+	mods := moduleFiles(t)
+	stored, err := Store(dir, key, mods)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, ok, err := Open(dir, key)
+	if !ok || err != nil || e.Dir != stored.Dir || !slices.Equal(e.Modules, stored.Modules) {
+		t.Fatalf("Open = %+v, %v, %v; want the stored entry", e, ok, err)
+	}
+	for _, m := range mods {
+		f, err := e.OpenModule(m.Name)
+		if err != nil {
+			t.Fatalf("OpenModule(%s) = %v", m.Name, err)
+		}
+		got, _ := io.ReadAll(f)
+		f.Close()
+		if want, _ := os.ReadFile(filepath.Join(e.Dir, ModulesDir, filepath.Base(m.Path))); !bytes.Equal(got, want) {
+			t.Errorf("%s: read %d bytes through the opened file, want the module's %d", m.Name, len(got), len(want))
+		}
+	}
+	if _, err := e.OpenModule("nvidia_drm"); err == nil || !strings.Contains(err.Error(), "no module nvidia_drm") {
+		t.Errorf("OpenModule of a module not in the entry = %v", err)
+	}
+
+	// A flipped byte keeps the size: Open cannot see it, OpenModule refuses the module.
+	path := filepath.Join(e.Dir, ModulesDir, "nvidia.ko")
+	data, _ := os.ReadFile(path)
+	data[100] ^= 0x01
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e, ok, err = Open(dir, key)
+	if !ok || err != nil {
+		t.Fatalf("Open after a flipped byte = %v, %v; want a hit (contents are OpenModule's)", ok, err)
+	}
+	if f, err := e.OpenModule("nvidia"); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "modules/nvidia.ko: sha256") {
+		if f != nil {
+			f.Close()
+		}
+		t.Fatalf("OpenModule of the damaged module = %v; want ErrCorrupt naming modules/nvidia.ko", err)
+	}
+	if f, err := e.OpenModule("nvidia_uvm"); err != nil {
+		t.Errorf("OpenModule of an intact module = %v", err)
+	} else {
+		f.Close()
+	}
+	if err := e.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := Open(dir, key); ok || err != nil {
+		t.Errorf("Open after Remove = %v, %v; want a plain miss", ok, err)
+	}
+}
+
+// TestOpenDamagedEntry: what Open checks (manifest, key, header, module type and size) removes
+// the entry as Lookup does.
+func TestOpenDamagedEntry(t *testing.T) {
+	t.Parallel()
+	for name, damage := range map[string]func(e string){
+		"module truncated": func(e string) { os.Truncate(filepath.Join(e, ModulesDir, "nvidia.ko"), 10) },
+		"module missing":   func(e string) { os.Remove(filepath.Join(e, ModulesDir, "nvidia-modeset.ko")) },
+		"module is symlink": func(e string) {
+			p := filepath.Join(e, ModulesDir, "nvidia-uvm.ko")
+			os.Rename(p, p+".real")
+			os.Symlink("nvidia-uvm.ko.real", p)
+		},
+		"manifest missing":   func(e string) { os.Remove(filepath.Join(e, ManifestFile)) },
+		"package header bad": func(e string) { os.WriteFile(filepath.Join(e, PackageFile), []byte("garbage"), 0o644) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			dir := t.TempDir()
+			e, err := Store(dir, testKey(), moduleFiles(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			damage(e.Dir)
+			if _, ok, err := Open(dir, testKey()); ok || !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "removed") {
+				t.Fatalf("Open = %v, %v; want a miss wrapping ErrCorrupt, removed", ok, err)
+			}
+			if _, err := os.Lstat(e.Dir); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("damaged entry not removed: %v", err)
+			}
+		})
 	}
 }

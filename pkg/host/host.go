@@ -59,6 +59,9 @@ type ModuleImage struct {
 	Path   string // the file it comes from
 	Data   []byte // decompressed image; nil means Path is a plain .ko loaded by file descriptor
 	Params string // parameter string, e.g. "NVreg_EnableGpuFirmware=0 NVreg_X=1"
+	// File, when set, is Path already open (a cache entry's module, verified through it):
+	// LoadModule loads from this descriptor instead of opening Path again. The caller closes it.
+	File *os.File
 }
 
 // Kernel loads and unloads kernel modules.

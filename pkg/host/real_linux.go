@@ -24,6 +24,9 @@ func (LinuxKernel) LoadModule(m ModuleImage) error {
 	if m.Data != nil {
 		return unix.InitModule(m.Data, m.Params)
 	}
+	if m.File != nil { // the kernel reads it from the start, whatever the file offset
+		return unix.FinitModule(int(m.File.Fd()), m.Params, 0)
+	}
 	f, err := os.Open(m.Path)
 	if err != nil {
 		return err

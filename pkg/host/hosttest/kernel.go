@@ -2,6 +2,7 @@ package hosttest
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -67,8 +68,14 @@ func (k *FakeKernel) LoadModule(m host.ModuleImage) error {
 	}
 	if m.Data != nil || m.Path != "" {
 		data := m.Data
-		if data == nil {
-			var err error
+		var err error
+		switch {
+		case data != nil:
+		case m.File != nil: // what the real kernel reads: the open file, from its start
+			if data, err = io.ReadAll(io.NewSectionReader(m.File, 0, 1<<40)); err != nil {
+				return err
+			}
+		default:
 			if data, err = os.ReadFile(m.Path); err != nil {
 				return err
 			}
