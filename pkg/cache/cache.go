@@ -217,12 +217,10 @@ func fill(tmp string, key Key, modules []link.Module) (*Manifest, error) {
 	if err := os.Mkdir(filepath.Join(tmp, ModulesDir), 0o755); err != nil {
 		return nil, err
 	}
-	paths, err := precompiled.Unpack(p, tmp)
-	if err != nil {
-		return nil, err
-	}
-	for _, path := range paths {
-		if err := syncPath(path); err != nil {
+	// The records' files, written directly: precompiled.Unpack would validate the package (every
+	// record's CRC) a third time, and the names are plain file names checked above.
+	for _, f := range p.Files {
+		if err := writeFileSynced(filepath.Join(tmp, ModulesDir, f.Name), f.Data); err != nil {
 			return nil, err
 		}
 	}
@@ -302,6 +300,19 @@ func writeSynced(path string, write func(io.Writer) error) (sum string, err erro
 		return "", err
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// writeFileSynced creates path (mode 0644), writes data and syncs it.
+func writeFileSynced(path string, data []byte) (err error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, f.Close()) }()
+	if _, err := f.Write(data); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return f.Sync()
 }
 
 // syncPath fsyncs a file or directory.
