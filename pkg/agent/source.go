@@ -301,6 +301,11 @@ func (s *imageSource) storeInBackground(key cache.Key, mods []link.Module) {
 	s.storing = done
 	go func() {
 		defer close(done)
+		// Ready waits for the store, the load does not: the load keeps the CPU, and the store takes
+		// what the load leaves idle (on a node with few CPUs, the daemons' start).
+		if err := host.LowerThreadPriority(); err != nil {
+			s.log.Debug("the cache store runs at normal priority", "error", err)
+		}
 		start := time.Now()
 		entry, err := cache.Store(s.cacheDir, key, mods)
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -127,6 +128,20 @@ func (OSExec) Run(ctx context.Context, c Cmd, out *os.File) error {
 	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", c.Path, err)
+	}
+	return nil
+}
+
+// LowerThreadPriority locks the calling goroutine to its OS thread for the rest of the
+// goroutine's life and gives that thread the lowest CPU priority (nice 19; Linux keeps a nice
+// value per thread). Work that must end before Ready but is not on the way to it (storing new
+// modules in the cache) then takes the CPU the load leaves idle instead of the load's. The
+// goroutine must not call runtime.UnlockOSThread: the thread then ends with it, and its
+// priority with it, so no other goroutine ever runs at that priority.
+func LowerThreadPriority() error {
+	runtime.LockOSThread()
+	if err := unix.Setpriority(unix.PRIO_PROCESS, 0, 19); err != nil {
+		return fmt.Errorf("lower the thread's priority: %w", err)
 	}
 	return nil
 }

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/driver-agent/driver-agent/pkg/host"
 )
 
@@ -125,5 +127,52 @@ func waitNotRunning(t *testing.T, pid int) {
 			t.Fatalf("pid %d still runs: %s", pid, s)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// threadNice reads a thread's nice value (field 19 of /proc/self/task/<tid>/stat).
+func threadNice(tid int) (int, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/self/task/%d/stat", tid))
+	if err != nil {
+		return 0, false
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:]) // fields from 3 on
+	n, err := strconv.Atoi(f[19-3])
+	return n, err == nil
+}
+
+// TestLowerThreadPriority: the calling goroutine's thread gets nice 19, the test's own thread
+// keeps 0, and the thread ends with the goroutine.
+func TestLowerThreadPriority(t *testing.T) {
+	type result struct {
+		tid, nice int
+		err       error
+	}
+	res := make(chan result)
+	go func() {
+		err := host.LowerThreadPriority()
+		tid := unix.Gettid()
+		n, _ := threadNice(tid)
+		res <- result{tid, n, err}
+	}()
+	r := <-res
+	if r.err != nil || r.nice != 19 {
+		t.Fatalf("LowerThreadPriority = %v; the thread's nice is %d, want 19", r.err, r.nice)
+	}
+	if n, _ := threadNice(unix.Gettid()); n != 0 {
+		t.Errorf("the test's own thread has nice %d, want 0", n)
+	}
+	// On the main thread the runtime cannot end the thread; it parks it for good instead, and no
+	// goroutine runs there again.
+	deadline := time.Now().Add(10 * time.Second)
+	for r.tid != os.Getpid() {
+		if _, ok := threadNice(r.tid); !ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("thread %d outlived its goroutine: another goroutine could run at nice 19", r.tid)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
