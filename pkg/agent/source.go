@@ -359,6 +359,7 @@ func (s *imageSource) Prepare(ctx context.Context, d Decision, workDir string) (
 		return s.openCached(images)
 	case PathPrecompiled:
 		p := s.pkg
+		s.pkg = nil // the package (its complete modules too) is not held past the link
 		if p == nil || d.Package != s.pkgPath {
 			var err error
 			if p, err = precompiled.ReadFile(d.Package); err != nil {

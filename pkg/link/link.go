@@ -145,7 +145,8 @@ func Link(ctx context.Context, p *precompiled.Package, workDir string, opts Opti
 		ld = "ld"
 	}
 
-	// Names first: two members giving one module is an invalid package, found before any ld runs.
+	// Names and complete modules first: an invalid package, or an unsigned module when signatures
+	// are required, is found before any ld runs.
 	mods := make([]Module, len(p.Files))
 	seen := map[string]string{}
 	for i := range p.Files {
@@ -161,6 +162,9 @@ func Link(ctx context.Context, p *precompiled.Package, workDir string, opts Opti
 			return nil, fmt.Errorf("link: %w: members %q and %q both give module %s", precompiled.ErrInvalid, prev, f.Name, name)
 		}
 		seen[name] = f.Name
+		if f.Type == precompiled.KernelModule && opts.RequireSigned && !signedModule(f) {
+			return nil, fmt.Errorf("link: %s: %w: the package's module carries no signature", f.Name, ErrUnsigned)
+		}
 	}
 	// The interfaces are linked at the same time (each ld is one process on one CPU); the first
 	// failure in package order is returned, and it cancels the links still running.
@@ -173,11 +177,7 @@ func Link(ctx context.Context, p *precompiled.Package, workDir string, opts Opti
 		switch {
 		case f.Name == ModuleCommonObject:
 		case f.Type == precompiled.KernelModule:
-			mods[i] = Module{Name: modfile.NameFromPath(f.Name), Path: paths[i],
-				Signed: f.Attributes&precompiled.AttrEmbeddedSignature != 0 || bytes.HasSuffix(f.Data, []byte(signatureMarker))}
-			if !mods[i].Signed && opts.RequireSigned {
-				errs[i] = fmt.Errorf("link: %s: %w: the package's module carries no signature", f.Name, ErrUnsigned)
-			}
+			mods[i] = Module{Name: modfile.NameFromPath(f.Name), Path: paths[i], Signed: signedModule(f)}
 		default:
 			wg.Add(1)
 			go func() {
@@ -199,6 +199,11 @@ func Link(ctx context.Context, p *precompiled.Package, workDir string, opts Opti
 		}
 	}
 	return out, nil
+}
+
+// signedModule reports whether a complete-module member carries a signature.
+func signedModule(f *precompiled.File) bool {
+	return f.Attributes&precompiled.AttrEmbeddedSignature != 0 || bytes.HasSuffix(f.Data, []byte(signatureMarker))
 }
 
 // firstErr returns the first non-nil error in package order that is not a link cancelled
