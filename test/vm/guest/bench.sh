@@ -53,6 +53,8 @@ bench_learn_prereqs() {
 		name=${path##*/}
 		name=${name%%.ko*}
 		name=$(echo "$name" | tr - _)
+		# The ready agent's modules.dep (its driver root) lists NVIDIA's modules too.
+		case "$name" in nvidia*) continue ;; esac
 		case " $1 " in *" $name "*) continue ;; esac
 		case "$new" in *" $name "*) BENCH_PREREQS="$BENCH_PREREQS /lib/modules/$KVER/$path" ;; esac
 	done <"/lib/modules/$KVER/modules.dep"
