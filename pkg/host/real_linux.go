@@ -135,7 +135,9 @@ func (OSExec) Run(ctx context.Context, c Cmd, out *os.File) error {
 // LowerThreadPriority locks the calling goroutine to its OS thread for the rest of the
 // goroutine's life and gives that thread the lowest CPU priority (nice 19; Linux keeps a nice
 // value per thread). Work that must end before Ready but is not on the way to it (storing new
-// modules in the cache) then takes the CPU the load leaves idle instead of the load's. The
+// modules in the cache) then takes the CPU the load leaves idle instead of the load's. In a pod
+// the scheduler weighs nice values only among the threads of the pod's own cgroup, so other
+// workloads on the node do not starve it any more than they would the agent. The
 // goroutine must not call runtime.UnlockOSThread: the thread then ends with it, and its
 // priority with it, so no other goroutine ever runs at that priority.
 func LowerThreadPriority() error {
