@@ -8,7 +8,7 @@ STATICCHECK_VERSION := v0.8.2
 ACTIONLINT_VERSION  := v1.7.12
 FUZZTIME  ?= 20s
 
-.PHONY: all build test lint fmt vet staticcheck actionlint images-test images-lint fuzz vm-test vm-bench nvidia-test nvidia-bench vm-deps deps ci clean
+.PHONY: all build test lint fmt vet staticcheck actionlint images-test images-lint image-test fuzz vm-test vm-bench nvidia-test nvidia-bench vm-deps deps ci clean
 
 all: build
 
@@ -40,6 +40,15 @@ actionlint:
 # the main module): the Dockerfiles, the manifests and Helm values in images/.
 images-test:
 	cd test/images && $(GO) test -count=1 ./...
+
+# Dockerfile.build built with buildah (vfs storage, chroot isolation, as root) from a Debian base
+# made by mmdebstrap, NVIDIA's downloads served from 127.0.0.1 (a makeself .run of Debian's NVIDIA
+# 535 sources and userspace, a signed apt repository of stand-in fabric manager packages); the
+# image is checked and its root left in $(DRIVER_AGENT_IMAGE_WORK)/rootfs.ext4 for the VM's
+# container scenarios (TestContainer, run by vm-test). See test/vm/README.md.
+DRIVER_AGENT_IMAGE_WORK ?= /var/tmp/driver-agent-image
+image-test:
+	DRIVER_AGENT_IMAGE_WORK=$(DRIVER_AGENT_IMAGE_WORK) DRIVER_AGENT_NVIDIA_SOURCES=$(DRIVER_AGENT_NVIDIA_SOURCES) bash scripts/image-test.sh
 
 images-lint:
 	cd test/images && $(GO) vet ./... && $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
@@ -84,7 +93,7 @@ deps:
 vm-deps:
 	bash scripts/vm-deps.sh
 
-ci: deps vm-deps lint test images-test build vm-test nvidia-test
+ci: deps vm-deps lint test images-test build image-test vm-test nvidia-test
 
 clean:
 	rm -rf $(BIN)
