@@ -304,6 +304,18 @@ func TestWholeFlow(t *testing.T) {
 	if got := w.mounter.Mounted(); !slices.Equal(got, []string{w.roots.InRun("nvidia/driver")}) {
 		t.Errorf("mounted %v", got)
 	}
+	// The root becomes a slave before the rbind: a copy of a shared root is the root's peer, and
+	// its unmount would take the container's own mounts with it (seen in the VM's container
+	// scenarios: the teardown's files stayed on the host).
+	target := w.roots.InRun("nvidia/driver")
+	if got, want := w.mounter.Calls(), []string{
+		"mount none " + w.roots.Sys + " rec,unbindable",
+		"mount none " + w.roots.Sys + " private",
+		"mount none " + w.roots.Root + " slave",
+		"mount " + w.roots.Root + " " + target + " bind,rec",
+	}; !slices.Equal(got, want) {
+		t.Errorf("mount calls\n  %q\nwant\n  %q", got, want)
+	}
 	if ev := w.daemonEvents(t); !slices.Equal(ev, []string{"start", "--persistence-mode", "|"}) {
 		t.Fatalf("daemon events %v, want one start with --persistence-mode", ev)
 	}

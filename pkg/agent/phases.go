@@ -686,6 +686,16 @@ func (r *run) shareRoot(context.Context) error {
 	if err := r.Host.Files.MkdirAll(target, 0o755); err != nil {
 		return err
 	}
+	// A Bidirectional volume makes the runtime's root rshared, and a copy of a shared mount is
+	// its peer. The copy holds copies of the root's own mounts (<run>/nvidia among them), so
+	// unmounting it would propagate to the root and unmount the container's /proc, /dev and
+	// <run>/nvidia volume: the teardown's digest, PID file and status writes then land in the
+	// image's empty directory and stay on the host (seen in the VM's container scenarios). As a
+	// slave the root still receives mounts but sends none, and its copy, mounted on the shared
+	// <run>/nvidia, is a peer of the host's copy alone: the unmount takes the host's with it.
+	if err := r.Host.Mounter.Mount("none", r.Host.Root, "", unix.MS_SLAVE, ""); err != nil && !errors.Is(err, unix.EINVAL) {
+		return fmt.Errorf("make %s a slave mount: %w", r.Host.Root, err)
+	} // EINVAL: the root is not a mount point, so not shared either
 	if err := r.Host.Mounter.Mount(r.Host.Root, target, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		return fmt.Errorf("share %s at %s: %w", r.Host.Root, target, err)
 	}

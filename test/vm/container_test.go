@@ -1,0 +1,109 @@
+//go:build vmtest
+
+package vm
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// defaultImageWork is where scripts/image-test.sh (make image-test) leaves the driver image's
+// root filesystem, rootfs.ext4, and its driver version, rootfs.version.
+const defaultImageWork = "/var/tmp/driver-agent-image"
+
+// containerGroup is the boot of the container scenarios (guest/container.sh).
+func containerGroup() group {
+	return group{name: "container", packages: true, memMiB: 1536, timeout: 8 * time.Minute,
+		scenarios: []string{"container-precompiled"}}
+}
+
+// containerModules are the kernel's modules the container guest needs besides the agent's
+// prerequisites: the virtio disk with the image, ext4 (with crc32c, which it asks the crypto API
+// for), and overlayfs for each container's root.
+func containerModules() []string {
+	return []string{"virtio_pci", "virtio_blk", "crc32c_generic", "ext4", "overlay"}
+}
+
+// TestContainer runs the driver image of make image-test under crun in the guest, with the OCI
+// spec generated from the gpu-operator's DaemonSet (test/vm/bundle): TestContainer/container/<scenario>.
+func TestContainer(t *testing.T) {
+	start := time.Now()
+	tl, err := findTools()
+	if err != nil {
+		t.Fatal(err)
+	}
+	work := os.Getenv("DRIVER_AGENT_IMAGE_WORK")
+	if work == "" {
+		work = defaultImageWork
+	}
+	disk := filepath.Join(work, "rootfs.ext4")
+	version, err := os.ReadFile(filepath.Join(work, "rootfs.version"))
+	if err == nil {
+		_, err = os.Stat(disk)
+	}
+	if err != nil {
+		t.Fatalf("no driver image root filesystem in %s (%v): build it first with\n  make image-test   # as root; DRIVER_AGENT_IMAGE_WORK=%s", work, err, work)
+	}
+	crun, err := exec.LookPath("crun")
+	if err != nil {
+		t.Fatalf("crun is missing: sudo bash scripts/vm-deps.sh (or apt-get install -y --no-install-recommends crun)")
+	}
+	crunLibs, err := sharedLibraries(crun)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := setup(t, tl, true)
+	g := containerGroup()
+	t.Run(g.name, func(t *testing.T) {
+		h.kernelBanner(t)
+		initrd := filepath.Join(h.work, g.name+".cpio")
+		t0 := time.Now()
+		r := h.baseRootfs(g, driverVersion)
+		if err := h.addPrerequisites(r, false, append(prerequisiteModules(), containerModules()...)); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.addPackages(r); err != nil {
+			t.Fatal(err)
+		}
+		guest := filepath.Join(h.repo, "test/vm/guest")
+		r.file("vmtest/container.sh", 0o644, filepath.Join(guest, "container.sh"))
+		for _, f := range []string{"config.json", "pod.sh", "startup-probe.sh"} {
+			r.file("vmtest/bundle/"+f, 0o644, filepath.Join(h.repo, "test/vm/bundle", f))
+		}
+		r.bytes("vmtest/image-version", 0o644, []byte(strings.TrimSpace(string(version))+"\n"))
+		if os.Getenv("DRIVER_AGENT_VM_CONTAINER_AGENT") == "tree" {
+			// While working on the agent: this tree's agent in the container's layer instead of
+			// the image's (make image-test builds the image from the tree, so make ci needs none).
+			r.bytes("vmtest/container-agent-tree", 0o644, nil)
+		}
+		r.file("usr/bin/crun", 0o755, crun)
+		for _, l := range crunLibs {
+			r.file(l, 0o755, l)
+		}
+		size, err := h.writeRootfs(r, initrd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("initramfs %s: %.1f MiB in %s; image disk %s", g.name, float64(size)/(1<<20), since(t0), disk)
+		var live func(consoleLine)
+		if os.Getenv("DRIVER_AGENT_VM_CONSOLE") != "" {
+			live = func(l consoleLine) { fmt.Fprintf(os.Stderr, "[%s %6.2fs] %s\n", g.name, l.at.Seconds(), l.text) }
+		}
+		args := append(qemuArgs(h.tl.vmlinuz, initrd, g.memMiB), "-drive", "file="+disk+",if=virtio,format=raw,readonly=on")
+		res := bootArgs(context.Background(), h.tl.qemu, args, g.timeout, live)
+		if dir := os.Getenv("DRIVER_AGENT_VM_LOGDIR"); dir != "" {
+			if err := os.WriteFile(filepath.Join(dir, "vm-"+g.name+".log"), []byte(res.log()), 0o644); err != nil {
+				t.Logf("writing the console log: %v", err)
+			}
+		}
+		h.check(t, g, res)
+	})
+	h.timings = append(h.timings, fmt.Sprintf("total %s", since(start)))
+	t.Logf("timings:\n  %s", strings.Join(h.timings, "\n  "))
+}

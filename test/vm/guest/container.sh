@@ -1,0 +1,242 @@
+# The container scenarios (busybox ash, sourced by /init after lib.sh when the harness ships it):
+# the driver image, built by make image-test, runs under crun as the gpu-operator's DaemonSet
+# would run it. The guest plays the node: its root is the host, /vmtest/bundle is the OCI spec
+# generated from the operator's DaemonSet (test/images, TestDriverBundle) and the pod's
+# settings (pod.sh), and this file plays the kubelet: hostPath directories, the pod directory,
+# the startup probe through `crun exec`, preStop, SIGTERM, the grace period, SIGKILL.
+#
+# The image's root is the ext4 disk /dev/vda (make image-test's rootfs.ext4, attached read-only);
+# each container gets a fresh overlay of it, as a container runtime gives each container a new
+# writable layer. The overlay's upper layer starts with the harness's stand-ins (what needs a
+# GPU, and the test's driver version): see ctr_layer.
+
+CTR_IMAGE=/vmtest/image
+CTR_BUNDLE=/vmtest/bundle
+CTR_RUN=/var/lib/vmtest-ctr # on the initramfs root, which is private: mounts under it do not propagate
+. "$CTR_BUNDLE/pod.sh"
+
+# ctr_boot: once per boot, before the boot-time module list is taken: the disk, the overlay and
+# cgroup2, /dev/log (busybox syslogd), /run shared (the kubelet needs the source of a
+# Bidirectional volume, /run/nvidia, on a shared mount).
+ctr_boot() {
+	local m
+	for m in virtio_pci virtio_blk crc32c_generic ext4 overlay; do
+		modprobe "$m" || echo "VMTEST-CTR modprobe $m failed"
+	done
+	wait_until 10 test -b /dev/vda || echo "VMTEST-CTR no /dev/vda"
+	mkdir -p "$CTR_IMAGE" /sys/fs/cgroup /var/log
+	mount -t ext4 -o ro,noload /dev/vda "$CTR_IMAGE" || echo "VMTEST-CTR cannot mount /dev/vda"
+	mount -t cgroup2 cgroup2 /sys/fs/cgroup
+	mount --make-rshared /run
+	syslogd -O /var/log/messages
+	wait_until 5 test -S /dev/log || echo "VMTEST-CTR syslogd made no /dev/log"
+	# The image's driver version (its sources and userspace are not used here: the test's driver
+	# is the stand-ins').
+	CTR_IMAGE_VERSION=$(cat /vmtest/image-version)
+}
+ctr_boot
+
+# ctr_layer UPPER VERSION: the container's first writable layer: the harness's stand-ins for
+# what needs a GPU (nvidia-smi, nvidia-persistenced, nv-fabricmanager; busybox scripts, run by a
+# busybox of their own since the image has no usleep) and the precompiled package and core
+# objects of the stand-in driver VERSION under /usr/src/nvidia-VERSION/kernel{,-open}.
+ctr_layer() {
+	local up=$1 version=$2 f a
+	mkdir -p "$up/vmtest/bin" "$up/usr/bin" "$up/usr/src"
+	cp /bin/busybox "$up/vmtest/bin/busybox"
+	for a in usleep sleep cat mkdir rm kill echo; do
+		ln -s busybox "$up/vmtest/bin/$a"
+	done
+	cp /vmtest/persistenced-mode "$up/vmtest/persistenced-mode"
+	for f in nvidia-persistenced nvidia-smi nv-fabricmanager; do
+		sed -e '1s|.*|#!/vmtest/bin/busybox sh|' -e '1a PATH=/vmtest/bin:$PATH' "/usr/bin/$f" >"$up/usr/bin/$f"
+		chmod 0755 "$up/usr/bin/$f"
+	done
+	if [ -e /vmtest/container-agent-tree ]; then
+		mkdir -p "$up/usr/local/bin"
+		cp /usr/local/bin/driver-agent "$up/usr/local/bin/driver-agent"
+	fi
+	cp -a "/usr/src/nvidia-$version" "$up/usr/src/"
+	# The operator's KERNEL_MODULE_TYPE=auto picks the open flavour from branch 560 on: the
+	# stand-ins (neither flavour) are there too.
+	cp -a "$up/usr/src/nvidia-$version/kernel" "$up/usr/src/nvidia-$version/kernel-open"
+}
+
+# ctr_start NAME DIGEST [VERSION]: kubelet and crun: makes the pod directory and the hostPath
+# directories, the container's overlay root and its config.json (the bundle's placeholders filled
+# in, CTR_EXTRA_ENV added), and runs `crun run` in the background. Sets CRUN_PID, CTR_LOG and
+# AGENT_PID (the container's init, the agent, in the host's PID namespace).
+ctr_start() {
+	local name=$1 digest=$2 version=${3:-$VMTEST_DRIVER_VERSION} d e extra=""
+	d=$CTR_RUN/$name
+	rm -rf "$d"
+	mkdir -p "$d/upper" "$d/work" "$d/rootfs" "$d/pod/volumes/driver-startup-probe-script"
+	ctr_layer "$d/upper" "$version"
+	mount -t overlay overlay -o "lowerdir=$CTR_IMAGE,upperdir=$d/upper,workdir=$d/work" "$d/rootfs" || fail "overlay for $name"
+	echo "$name" >"$d/pod/hostname"
+	printf '127.0.0.1\tlocalhost\n' >"$d/pod/etc-hosts"
+	: >"$d/pod/termination-log"
+	cp "$CTR_BUNDLE/startup-probe.sh" "$d/pod/volumes/driver-startup-probe-script/startup-probe.sh"
+	chmod 0755 "$d/pod/volumes/driver-startup-probe-script/startup-probe.sh"
+	for e in $POD_HOSTPATH_CREATE; do mkdir -p "$e"; done
+	for e in $CTR_EXTRA_ENV; do extra="$extra\"$e\", "; done
+	sed -e "s|@ROOTFS@|$d/rootfs|" -e "s|@POD_DIR@|$d/pod|g" -e "s|@DRIVER_VERSION@|$version|" \
+		-e "s|@DRIVER_CONFIG_DIGEST@|$digest|" -e "s|\"PATH=|$extra\"PATH=|" "$CTR_BUNDLE/config.json" >"$d/config.json"
+	CTR_LOG=/tmp/ctr-$name.log # outside $d, which ctr_cleanup removes before the log is printed
+	keep_log "$CTR_LOG"
+	crun run --no-pivot --bundle "$d" "$name" >"$CTR_LOG" 2>&1 &
+	CRUN_PID=$!
+	CTR_NAME=$name
+	AGENT_PID=
+	wait_until 10 ctr_started || fail "crun did not start $name: $(readv "$CTR_LOG" | cut -c1-300)"
+}
+
+ctr_pid() { crun state "$1" 2>/dev/null | sed -n 's/.*"pid": *\([0-9]*\).*/\1/p'; }
+ctr_started() {
+	AGENT_PID=$(ctr_pid "$CTR_NAME")
+	[ -n "$AGENT_PID" ] && [ "$AGENT_PID" != 0 ]
+}
+crun_gone() { ! alive "$CRUN_PID"; }
+
+# ctr_wait_ready SECONDS: the operator's Ready file says Ready and the agent logged that it waits
+# for a signal; 1 if the container ended or time ran out.
+ctr_wait_ready() {
+	local n=$(($1 * 10))
+	while [ "$n" -gt 0 ]; do
+		agent_ready "$CTR_LOG" && return 0
+		alive "$CRUN_PID" || return 1
+		usleep 100000
+		n=$((n - 1))
+	done
+	return 1
+}
+
+# ctr_probe: the DaemonSet's startup probe as the kubelet runs it (crun exec, under the probe's
+# timeout); CTR_PROBE_RC and CTR_PROBE_OUT.
+ctr_probe() {
+	eval "timeout $POD_STARTUP_PROBE_TIMEOUT crun exec $CTR_NAME $POD_STARTUP_PROBE" >/tmp/probe.out 2>&1
+	CTR_PROBE_RC=$?
+	CTR_PROBE_OUT=$(readv /tmp/probe.out | cut -c1-200)
+}
+
+# ctr_stop: the kubelet's stop: preStop (crun exec), SIGTERM, then SIGKILL after the pod's
+# grace period, then crun delete; CTR_RC is the container's exit status ("killed" when the grace
+# period ran out), CTR_STOP_MS the time from SIGTERM to the end.
+ctr_stop() {
+	local t0
+	eval "crun exec $CTR_NAME $POD_PRESTOP" >/tmp/prestop.out 2>&1 || fail "preStop failed: $(readv /tmp/prestop.out)"
+	t0=$(now_ms)
+	crun kill "$CTR_NAME" TERM
+	if wait_until "$POD_GRACE_SECONDS" crun_gone; then
+		wait "$CRUN_PID"
+		CTR_RC=$?
+	else
+		crun kill "$CTR_NAME" KILL
+		wait "$CRUN_PID"
+		CTR_RC=killed
+	fi
+	CTR_STOP_MS=$(($(now_ms) - t0))
+	ctr_delete
+}
+
+# ctr_crash [agent]: SIGKILL for the container (crun kill KILL: its init, and with it the
+# container), or with "agent" for the agent alone (kill -KILL of its PID from the host); then
+# crun delete, which kills what is left in the container's cgroup, as a runtime does.
+ctr_crash() {
+	if [ "$1" = agent ]; then
+		kill -KILL "$AGENT_PID"
+	else
+		crun kill "$CTR_NAME" KILL
+	fi
+	wait_until 10 crun_gone || fail "crun run did not end after SIGKILL"
+	wait "$CRUN_PID"
+	ctr_delete
+}
+
+# ctr_delete: crun delete -f and the container's overlay root.
+ctr_delete() {
+	crun delete -f "$CTR_NAME" >/dev/null 2>&1
+	umount "$CTR_RUN/$CTR_NAME/rootfs" 2>/dev/null || umount -l "$CTR_RUN/$CTR_NAME/rootfs" 2>/dev/null
+}
+
+# ctr_cleanup: after each scenario: containers left running, then lib.sh's cleanup.
+ctr_cleanup() {
+	local c what=""
+	for c in $(crun list -q 2>/dev/null); do
+		crun delete -f "$c" >/dev/null 2>&1 && what="$what container:$c"
+	done
+	for c in $(awk -v p="$CTR_RUN/" 'index($5, p) == 1 { print $5 }' /proc/self/mountinfo | sort -r); do
+		umount -l "$c" 2>/dev/null
+	done
+	rm -rf "$CTR_RUN"
+	CTR_EXTRA_ENV=
+	[ -n "$what" ] && echo "VMTEST-CLEANUP containers:$what"
+}
+
+# ctr_check_ready NAME: what the host (the guest's root namespace) sees of a Ready container.
+ctr_check_ready() {
+	local m dev
+	for m in nvidia nvidia_uvm nvidia_modeset; do
+		mod_loaded "$m" || fail "host: $m not loaded"
+	done
+	mod_loaded nvidia_drm && fail "host: nvidia_drm loaded"
+	check_eq "host: /sys/module/nvidia/version" "$(readv /sys/module/nvidia/version)" "$VMTEST_DRIVER_VERSION"
+	mounted "$DRIVER_ROOT" || fail "host: $DRIVER_ROOT is not a mount point"
+	check_eq "host: $DRIVER_ROOT/etc/os-release is the image's" "$(md5sum <"$DRIVER_ROOT/etc/os-release" 2>/dev/null)" "$(md5sum <"$CTR_IMAGE/etc/os-release")"
+	[ -x "$DRIVER_ROOT/usr/local/bin/driver-agent" ] || fail "host: no $DRIVER_ROOT/usr/local/bin/driver-agent"
+	[ -e "$DRIVER_ROOT/usr/src/nvidia-$CTR_IMAGE_VERSION/kernel/nvidia/nv-kernel.o_binary" ] ||
+		fail "host: no $DRIVER_ROOT/usr/src/nvidia-$CTR_IMAGE_VERSION (the image's NVIDIA sources) for the GDS/GDRCopy sidecars"
+	# The agent makes /sys's submounts unbindable before the rbind (as NVIDIA's script does): the
+	# container's cgroupfs and the /sys volumes must not show under the exported root.
+	m=$(awk -v p="$DRIVER_ROOT/sys/" 'index($5, p) == 1 { printf "%s ", $5 }' /proc/self/mountinfo)
+	[ -z "$m" ] && [ -d "$DRIVER_ROOT/sys/module" ] || fail "host: mounts under $DRIVER_ROOT/sys: '$m' (want sysfs alone)"
+	# nvidia-smi from the host side, as the toolkit and the validator run it (the stand-in here).
+	chroot "$DRIVER_ROOT" nvidia-smi -q >/tmp/smi.out 2>&1 || fail "host: chroot $DRIVER_ROOT nvidia-smi -q failed: $(readv /tmp/smi.out | cut -c1-200)"
+	grep -q "Driver Version *: $VMTEST_DRIVER_VERSION" /tmp/smi.out || fail "host: nvidia-smi -q under $DRIVER_ROOT does not show driver $VMTEST_DRIVER_VERSION"
+	# Device nodes: the agent makes them in the container's /dev; the host sees them under the
+	# exported root, and (when the agent also makes them on the host) in /dev.
+	dev=$(ls -d "$DRIVER_ROOT"/dev/nvidia* 2>/dev/null | sed "s|$DRIVER_ROOT||" | tr '\n' ' ' | sed 's/ $//')
+	check_eq "host: device nodes under $DRIVER_ROOT/dev" "$dev" "/dev/nvidia-modeset /dev/nvidia-uvm /dev/nvidia-uvm-tools /dev/nvidia0 /dev/nvidiactl"
+	# The container's /dev is its own tmpfs (a privileged pod's, like containerd's): nodes made
+	# there are not in the host's /dev (NVIDIA's toolkit makes those on the host).
+	[ -n "$(nv_devices)" ] && note "host /dev has $(nv_devices)"
+	check_eq "host: firmware search path" "$(firmware_path)" "$FIRMWARE_WANT"
+	check_eq "host: $PIDFILE is the agent's host PID" "$(readv "$PIDFILE")" "$AGENT_PID"
+	check_eq "host: $STATE" "$(readv "$STATE")" "$1"
+	# The daemon runs in the container (its PID file in the container's /var/run), in the host's
+	# PID namespace.
+	alive "$(cat "$DRIVER_ROOT/run/nvidia-persistenced/nvidia-persistenced.pid" 2>/dev/null)" || fail "host: the nvidia-persistenced stand-in is not running (PID file $DRIVER_ROOT$PERSISTENCED_PIDFILE: $(readv "$DRIVER_ROOT/run/nvidia-persistenced/nvidia-persistenced.pid"))"
+}
+
+# container-precompiled: the image under the operator's spec reaches Ready on the precompiled
+# path; the startup probe passes through crun exec and writes .driver-ctr-ready; the host sees
+# modules, device nodes, the exported root and nvidia-smi; preStop + SIGTERM end it within the
+# grace period with exit 0 and a clean node.
+scn_container_precompiled() {
+	ctr_precompiled
+	ctr_cleanup
+}
+ctr_precompiled() {
+	CTR_EXTRA_ENV=DRIVER_AGENT_LOG_LEVEL=debug
+	ctr_start c1 vmtest-c1 || return
+	if ! ctr_wait_ready 120; then
+		fail "not Ready within 120 s (status '$(readv "$STATUS")'): $(last_error "$CTR_LOG")"
+		return
+	fi
+	CTR_READY_NOTE="Ready (operator file, precompiled path)"
+	ctr_probe
+	check_eq "startup probe (crun exec $POD_STARTUP_PROBE) exit status" "$CTR_PROBE_RC" 0
+	[ "$CTR_PROBE_RC" = 0 ] || note "probe said: $CTR_PROBE_OUT"
+	check_eq "host: /run/nvidia/validations/.driver-ctr-ready" "$(readv /run/nvidia/validations/.driver-ctr-ready)" "GDRCOPY_ENABLED: false GDS_ENABLED: false GPU_DIRECT_RDMA_ENABLED: false"
+	grep -q 'path=precompiled' "$CTR_LOG" || fail "the log does not say path=precompiled"
+	ctr_check_ready vmtest-c1
+	CTR_PERSISTENCED=$(cat "$DRIVER_ROOT/run/nvidia-persistenced/nvidia-persistenced.pid" 2>/dev/null)
+	ctr_stop
+	alive "$CTR_PERSISTENCED" && fail "host: the nvidia-persistenced stand-in ($CTR_PERSISTENCED) still runs"
+	check_eq "exit status after preStop + SIGTERM (grace ${POD_GRACE_SECONDS} s)" "$CTR_RC" 0
+	note "checked: $CTR_READY_NOTE; startup probe via crun exec rc 0 wrote .driver-ctr-ready; host sees nvidia/uvm/modeset, $DRIVER_ROOT = image root (os-release, agent, NVIDIA $CTR_IMAGE_VERSION sources, nvidia-smi -q via chroot, device nodes under $DRIVER_ROOT/dev, no /sys submounts), firmware path, PID file = agent host PID, digest, persistenced; preStop + SIGTERM: exit $CTR_RC in ${CTR_STOP_MS}ms (grace ${POD_GRACE_SECONDS}s), node clean"
+	[ -e /run/nvidia/validations/.driver-ctr-ready ] && fail "host: .driver-ctr-ready left after preStop"
+	check_clean
+	check_eq "host: firmware search path after teardown" "$(firmware_path)" ""
+	[ -e "$PIDFILE" ] && fail "host: $PIDFILE left"
+}
