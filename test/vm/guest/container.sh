@@ -33,6 +33,7 @@ ctr_boot() {
 	# The image's driver version (its sources and userspace are not used here: the test's driver
 	# is the stand-ins').
 	CTR_IMAGE_VERSION=$(cat /vmtest/image-version)
+	VMTEST_UPGRADE_VERSION=$(cat /vmtest/upgrade-version)
 }
 ctr_boot
 
@@ -60,6 +61,7 @@ ctr_layer() {
 	# The operator's KERNEL_MODULE_TYPE=auto picks the open flavour from branch 560 on: the
 	# stand-ins (neither flavour) are there too.
 	cp -a "$up/usr/src/nvidia-$version/kernel" "$up/usr/src/nvidia-$version/kernel-open"
+	[ -z "$CTR_LAYER_EXTRA" ] || "$CTR_LAYER_EXTRA" "$up"
 }
 
 # ctr_start NAME DIGEST [VERSION]: kubelet and crun: makes the pod directory and the hostPath
@@ -87,6 +89,7 @@ ctr_start() {
 	crun run --no-pivot --bundle "$d" "$name" >"$CTR_LOG" 2>&1 &
 	CRUN_PID=$!
 	CTR_NAME=$name
+	CTR_VERSION=$version
 	AGENT_PID=
 	wait_until 10 ctr_started || fail "crun did not start $name: $(readv "$CTR_LOG" | cut -c1-300)"
 }
@@ -132,6 +135,7 @@ ctr_stop() {
 		CTR_RC=$?
 	else
 		crun kill "$CTR_NAME" KILL
+		wait_until 10 crun_gone || { crun delete -f "$CTR_NAME" >/dev/null 2>&1; kill -KILL "$CRUN_PID" 2>/dev/null; }
 		wait "$CRUN_PID"
 		CTR_RC=killed
 	fi
@@ -148,7 +152,13 @@ ctr_crash() {
 	else
 		crun kill "$CTR_NAME" KILL
 	fi
-	wait_until 10 crun_gone || fail "crun run did not end after SIGKILL"
+	if ! wait_until 10 crun_gone; then
+		# With its init dead but the daemons it forked still in its cgroup, crun run waits; a
+		# runtime then kills the cgroup, which crun delete -f does.
+		note "crun run still waited 10 s after the SIGKILL (daemons left in the cgroup): crun delete -f"
+		crun delete -f "$CTR_NAME" >/dev/null 2>&1
+		kill -KILL "$CRUN_PID" 2>/dev/null
+	fi
 	wait "$CRUN_PID"
 	ctr_delete
 }
@@ -170,6 +180,7 @@ ctr_cleanup() {
 	done
 	rm -rf "$CTR_RUN"
 	CTR_EXTRA_ENV=
+	CTR_LAYER_EXTRA=
 	[ -n "$what" ] && echo "VMTEST-CLEANUP containers:$what"
 }
 
@@ -180,7 +191,7 @@ ctr_check_ready() {
 		mod_loaded "$m" || fail "host: $m not loaded"
 	done
 	mod_loaded nvidia_drm && fail "host: nvidia_drm loaded"
-	check_eq "host: /sys/module/nvidia/version" "$(readv /sys/module/nvidia/version)" "$VMTEST_DRIVER_VERSION"
+	check_eq "host: /sys/module/nvidia/version" "$(readv /sys/module/nvidia/version)" "$CTR_VERSION"
 	mounted "$DRIVER_ROOT" || fail "host: $DRIVER_ROOT is not a mount point"
 	check_eq "host: $DRIVER_ROOT/etc/os-release is the image's" "$(md5sum <"$DRIVER_ROOT/etc/os-release" 2>/dev/null)" "$(md5sum <"$CTR_IMAGE/etc/os-release")"
 	[ -x "$DRIVER_ROOT/usr/local/bin/driver-agent" ] || fail "host: no $DRIVER_ROOT/usr/local/bin/driver-agent"
@@ -192,7 +203,7 @@ ctr_check_ready() {
 	[ -z "$m" ] && [ -d "$DRIVER_ROOT/sys/module" ] || fail "host: mounts under $DRIVER_ROOT/sys: '$m' (want sysfs alone)"
 	# nvidia-smi from the host side, as the toolkit and the validator run it (the stand-in here).
 	chroot "$DRIVER_ROOT" nvidia-smi -q >/tmp/smi.out 2>&1 || fail "host: chroot $DRIVER_ROOT nvidia-smi -q failed: $(readv /tmp/smi.out | cut -c1-200)"
-	grep -q "Driver Version *: $VMTEST_DRIVER_VERSION" /tmp/smi.out || fail "host: nvidia-smi -q under $DRIVER_ROOT does not show driver $VMTEST_DRIVER_VERSION"
+	grep -q "Driver Version *: $CTR_VERSION" /tmp/smi.out || fail "host: nvidia-smi -q under $DRIVER_ROOT does not show driver $CTR_VERSION"
 	# Device nodes: the agent makes them in the container's /dev; the host sees them under the
 	# exported root, and (when the agent also makes them on the host) in /dev.
 	dev=$(ls -d "$DRIVER_ROOT"/dev/nvidia* 2>/dev/null | sed "s|$DRIVER_ROOT||" | tr '\n' ' ' | sed 's/ $//')
@@ -239,4 +250,116 @@ ctr_precompiled() {
 	check_clean
 	check_eq "host: firmware search path after teardown" "$(firmware_path)" ""
 	[ -e "$PIDFILE" ] && fail "host: $PIDFILE left"
+}
+
+# The crash-only scenarios: container-crash-<point>-<who>. A first container (c1) is SIGKILLed
+# at <point>, either whole (crun kill KILL: its init, the agent, and crun delete kills the rest of
+# its cgroup) or the agent alone (kill -KILL from the host; then the runtime ends the
+# container as it does when its init dies). A new container (c2, same digest) must then reach
+# Ready, pass the startup probe, show the host what container-precompiled checks, and after
+# preStop + SIGTERM leave the node as it booted.
+#   link      the precompiled path's ld runs (an ld wrapper first in PATH holds it 3 s)
+#   coming    nvidia's init runs (/sys/module/nvidia/initstate is "coming"; the slow package)
+#   loaded    nvidia_modeset is loaded, before the device nodes (status.json phase load/devices)
+#   daemons   nvidia-persistenced has started (its PID file in the container root)
+#   rbind     /run/nvidia/driver is mounted, before the Ready file
+#   ready     at Ready
+ctr_point_reached() {
+	case $1 in
+	link) [ -e /run/nvidia/vmtest-ld-running ] ;;
+	coming) [ "$(cat /sys/module/nvidia/initstate 2>/dev/null)" = coming ] ;;
+	loaded) mod_loaded nvidia_modeset ;;
+	daemons) [ -s "$CTR_RUN/c1/rootfs/run/nvidia-persistenced/nvidia-persistenced.pid" ] ;;
+	rbind) mounted "$DRIVER_ROOT" ;;
+	ready) agent_ready "$CTR_LOG" ;;
+	esac
+}
+ctr_point_or_gone() { ctr_point_reached "$CTR_POINT" || ! alive "$CRUN_PID"; }
+
+# ctr_crash_at POINT WHO
+ctr_crash_at() {
+	local point=$1 who=$2 phase left
+	CTR_POINT=$point
+	CTR_LAYER_EXTRA=
+	case $point in
+	link) CTR_LAYER_EXTRA=ctr_slow_ld ;;
+	coming) use_package slow ;;
+	esac
+	ctr_start c1 vmtest-c1 || return
+	wait_until 120 ctr_point_or_gone
+	if ! ctr_point_reached "$point"; then
+		fail "c1 never reached '$point' (status '$(readv "$STATUS")'): $(last_error "$CTR_LOG")"
+		return
+	fi
+	phase=$(sed -n 's/.*"phase": *"\([a-z-]*\)".*/\1/p' "$STATUS_JSON" 2>/dev/null | head -n1)
+	ctr_crash "$who"
+	left="modules '$(nv_modules)', $(mounted "$DRIVER_ROOT" && echo "$DRIVER_ROOT mounted, ")PID file $(readv "$PIDFILE"), status '$(readv "$STATUS")', work dirs $(ls -d "$CTR_RUN"/c1/upper/tmp/driver-agent-* 2>/dev/null | wc -l)"
+	[ "$point" = coming ] && use_package standard
+	CTR_LAYER_EXTRA=
+	ctr_start c2 vmtest-c1 || return
+	if ! ctr_wait_ready 120; then
+		fail "c2 not Ready within 120 s after c1 was killed at $point (status '$(readv "$STATUS")'): $(last_error "$CTR_LOG")"
+		return
+	fi
+	ctr_probe
+	check_eq "c2 startup probe exit status" "$CTR_PROBE_RC" 0
+	ctr_check_ready vmtest-c1
+	ctr_stop
+	check_eq "c2 exit status after preStop + SIGTERM" "$CTR_RC" 0
+	check_clean
+	check_eq "host: firmware search path after teardown" "$(firmware_path)" ""
+	[ -e "$PIDFILE" ] && fail "host: $PIDFILE left"
+	note "checked: c1 SIGKILLed ($who) at $point (phase ${phase:-?}), leaving $left; c2 Ready, probe rc 0, host view as container-precompiled; c2 SIGTERM exit 0 in ${CTR_STOP_MS}ms, node at its boot state"
+}
+
+# ctr_slow_ld UPPER: an ld first in the container's PATH that marks /run/nvidia/vmtest-ld-running
+# and waits 3 s before running the image's ld.
+ctr_slow_ld() {
+	mkdir -p "$1/usr/local/bin"
+	cat >"$1/usr/local/bin/ld" <<'LD'
+#!/bin/sh
+: >/run/nvidia/vmtest-ld-running
+sleep 3
+exec /usr/bin/ld "$@"
+LD
+	chmod 0755 "$1/usr/local/bin/ld"
+}
+
+for p in link coming loaded daemons rbind ready; do
+	for w in container agent; do
+		eval "scn_container_crash_${p}_$w() { ctr_crash_at $p $w; rm -f /run/nvidia/vmtest-ld-running; ctr_cleanup; }"
+	done
+done
+
+# container-upgrade: c1 (the stand-ins' version) is Ready and SIGKILLed, so its modules stay
+# loaded and unused; c2 comes with another DRIVER_VERSION (and its own package): it must unload
+# the old modules, load its own (version and load id change), store its digest, pass the probe,
+# and tear down to the boot state.
+scn_container_upgrade() {
+	ctr_upgrade
+	ctr_cleanup
+}
+ctr_upgrade() {
+	local old_id
+	ctr_start c1 vmtest-c1 || return
+	ctr_wait_ready 120 || { fail "c1 not Ready: $(last_error "$CTR_LOG")"; return; }
+	old_id=$(load_id)
+	ctr_crash container
+	check_eq "host: nvidia left loaded by c1" "$(readv /sys/module/nvidia/version)" "$VMTEST_DRIVER_VERSION"
+	ctr_start c2 vmtest-c2 "$VMTEST_UPGRADE_VERSION" || return
+	ctr_wait_ready 120 || { fail "c2 ($VMTEST_UPGRADE_VERSION) not Ready: $(last_error "$CTR_LOG")"; return; }
+	[ "$(load_id)" != "$old_id" ] || fail "nvidia was not reloaded (load id $old_id unchanged)"
+	grep -q 'Unloading NVIDIA driver kernel modules' "$CTR_LOG" || fail "c2's log does not say it unloaded the old modules"
+	ctr_probe
+	check_eq "c2 startup probe exit status" "$CTR_PROBE_RC" 0
+	ctr_check_ready vmtest-c2
+	ctr_stop
+	check_eq "c2 exit status after preStop + SIGTERM" "$CTR_RC" 0
+	# What c1 loaded or set besides the driver (prerequisites, the firmware path) is not c2's
+	# to undo today: check_stopped notes it (test/vm/README.md, the crash scenarios).
+	check_stopped
+	[ -n "$(firmware_path)" ] && note "firmware path left as c1 set it: $(firmware_path)"
+	[ -e "$PIDFILE" ] && fail "host: $PIDFILE left"
+	[ -e "$STATE" ] && fail "host: $STATE left"
+	note "checked: c1 ($VMTEST_DRIVER_VERSION) Ready then SIGKILLed, modules left loaded; c2 DRIVER_VERSION=$VMTEST_UPGRADE_VERSION unloaded them and loaded its own (version, load id), digest vmtest-c2, probe rc 0; SIGTERM exit 0, driver unloaded, unmounted, not Ready, no digest or PID file"
 }
