@@ -99,6 +99,15 @@ cp "$x/usr/share/doc/nvidia-kernel-source/copyright" "$run_dir/LICENSE"
 install -m 0755 "$repo/test/image/nvidia-installer" "$run_dir/nvidia-installer"
 install -m 0755 "$repo/test/image/mkprecompiled" "$run_dir/mkprecompiled"
 printf 'NVIDIA Accelerated Graphics Driver for Linux-x86_64\n%s\n' "$version" >"$run_dir/.manifest"
+# NVIDIA's list of chips and whether the open modules drive them; Debian does not ship it, so a
+# stand-in with two chips (the agent's KERNEL_MODULE_TYPE=auto reads it).
+mkdir -p "$run_dir/supported-gpus"
+cat >"$run_dir/supported-gpus/supported-gpus.json" <<'JSON'
+{"chips": [
+  {"devid": "0x1EB8", "name": "Tesla T4 (image-test stand-in entry)", "features": ["kernelopen"]},
+  {"devid": "0x20B0", "name": "NVIDIA A100-SXM4-40GB (image-test stand-in entry)", "features": ["kernelopen"]}
+]}
+JSON
 # NVIDIA's .run is makeself with an extra -x (extract into ./NVIDIA-Linux-<arch>-<version> and
 # stop); Debian's makeself header gets that option here, as --noexec --keep.
 sed 's/^\t--noexec)$/\t-x|--extract-only)\n\tscript=""\n\tcleanup_script=""\n\tkeep=y\n\tshift\n\t;;\n&/' \
@@ -222,8 +231,8 @@ check "nvidia-driver is a link to driver-agent" eq "$(readlink "$root/usr/local/
 check "driver-agent is static (no PT_INTERP)" sh -c "! readelf -l '$root/usr/local/bin/driver-agent' | grep -q INTERP"
 check "nvidia-driver version runs in the image and says $agent_version" sh -c "chroot '$root' /usr/local/bin/nvidia-driver version | grep -qF -- '$agent_version'"
 src="/usr/src/nvidia-$version"
-check "kernel sources in $src (kernel, kernel-open, nv-kernel.o_binary, Kbuild, LICENSE, mkprecompiled)" \
-	sh -c "cd '$root$src' && test -s kernel/nvidia/nv-kernel.o_binary -a -s kernel/nvidia-modeset/nv-modeset-kernel.o_binary -a -s kernel-open/nvidia/nv-kernel.o_binary -a -f kernel/Kbuild -a -f kernel-open/Kbuild -a -f LICENSE -a -x mkprecompiled -a -d kernel/precompiled -o ! -e kernel/precompiled"
+check "kernel sources in $src (kernel, kernel-open, nv-kernel.o_binary, Kbuild, LICENSE, mkprecompiled, supported-gpus.json)" \
+	sh -c "cd '$root$src' && test -s supported-gpus/supported-gpus.json -a -s kernel/nvidia/nv-kernel.o_binary -a -s kernel/nvidia-modeset/nv-modeset-kernel.o_binary -a -s kernel-open/nvidia/nv-kernel.o_binary -a -f kernel/Kbuild -a -f kernel-open/Kbuild -a -f LICENSE -a -x mkprecompiled -a -d kernel/precompiled -o ! -e kernel/precompiled"
 check "GSP firmware in /lib/firmware/nvidia/$version and hard-linked in /usr/share/driver-agent/firmware" \
 	sh -c "ls '$root/lib/firmware/nvidia/$version'/gsp_*.bin >/dev/null && for f in '$root/lib/firmware/nvidia/$version'/gsp_*.bin; do test \"\$f\" -ef '$root/usr/share/driver-agent/firmware/nvidia/$version'/\$(basename \"\$f\") || exit 1; done"
 check "userspace: nvidia-smi, nvidia-persistenced, libnvidia-ml.so.1 -> .so.$version" \
