@@ -2,7 +2,8 @@
 # Installs what `make vm-test` needs on a Debian machine. Run it as root (CI does, before
 # `make vm-test`); it does nothing when everything is already present.
 #
-#  - with apt-get: qemu-system-x86 linux-headers-amd64 busybox-static cpio kmod binutils gcc make;
+#  - with apt-get: qemu-system-x86 linux-headers-amd64 busybox-static cpio kmod binutils gcc make
+#    patchelf;
 #  - the kernel image of the SAME ABI as the installed linux-headers-amd64 (the ABI is read from
 #    that metapackage's dependency, never hard-coded), fetched with `apt-get download` and
 #    unpacked with `dpkg-deb -x`; its vmlinuz, config and module tree (with a modules.dep made by
@@ -10,13 +11,15 @@
 #    /var/cache/driver-agent-vm), and a file named `complete` is written last. /boot is not
 #    touched and the linux-image-amd64 metapackage is not installed (it would pull in
 #    initramfs-tools and write to /boot).
+#  - a second kernel, trixie's 6.12 with its headers and gcc 14, cached by
+#    scripts/vm-deps-kernel.sh (see there) without installing it.
 #
 # The harness (test/vm) reads the same cache directory and tells you to run this script when
 # something is missing.
 set -euo pipefail
 
 CACHE=${DRIVER_AGENT_VM_CACHE:-/var/cache/driver-agent-vm}
-PKGS=(qemu-system-x86 linux-headers-amd64 busybox-static cpio kmod binutils gcc make)
+PKGS=(qemu-system-x86 linux-headers-amd64 busybox-static cpio kmod binutils gcc make patchelf)
 
 log() { echo "vm-deps: $*" >&2; }
 
@@ -45,7 +48,7 @@ need=$(missing_pkgs | tr '\n' ' ')
 a=$(abi)
 if [ -z "${need// /}" ] && kernel_ready "$a"; then
   log "everything needed is present (kernel $a in $CACHE/$a)"
-  exit 0
+  exec bash "$(dirname "$0")/vm-deps-kernel.sh" trixie
 fi
 if [ "$(id -u)" -ne 0 ]; then
   log "missing:${need:+ packages ${need}}${a:+ kernel image $a}; run as root: bash scripts/vm-deps.sh"
@@ -99,3 +102,4 @@ if [ ! -f "$CACHE/$a/complete" ]; then
   touch "$CACHE/$a/complete"
 fi
 log "done in $(($(date +%s) - start)) s: kernel $a in $CACHE/$a, headers in /usr/src/linux-headers-$a"
+bash "$(dirname "$0")/vm-deps-kernel.sh" trixie

@@ -54,7 +54,6 @@ static const struct file_operations nv_fops = {
 	.owner = THIS_MODULE,
 	.open = nv_open,
 	.release = nv_release,
-	.llseek = no_llseek,
 };
 
 static int version_show(struct seq_file *m, void *v)

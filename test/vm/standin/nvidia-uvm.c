@@ -20,7 +20,6 @@ static int uvm_open(struct inode *inode, struct file *file)
 static const struct file_operations uvm_fops = {
 	.owner = THIS_MODULE,
 	.open = uvm_open,
-	.llseek = no_llseek,
 };
 
 static int __init nvidia_uvm_standin_init(void)
