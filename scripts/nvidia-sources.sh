@@ -6,16 +6,18 @@
 # It reaches non-free and contrib with a private sources file and private apt state, so /etc/apt
 # and the system's package lists stay as they are. Nothing it downloads is committed.
 #
-# usage: scripts/nvidia-sources.sh DEST      (prints the driver version on its last line)
+# SUITE is the Debian suite to take them from (default: this machine's, from /etc/os-release).
+#
+# usage: scripts/nvidia-sources.sh DEST [SUITE]    (prints the driver version on its last line)
 set -euo pipefail
 
-dest=${1:?usage: $0 DEST}
+dest=${1:?usage: $0 DEST [SUITE]}
 mkdir -p "$dest"
 dest=$(cd "$dest" && pwd)
 work="$dest/.apt"
 mkdir -p "$work/lists/partial" "$work/cache/archives/partial" "$work/debs"
 
-suite=$(. /etc/os-release && echo "${VERSION_CODENAME:?no VERSION_CODENAME in /etc/os-release}")
+suite=${2:-$(. /etc/os-release && echo "${VERSION_CODENAME:?no VERSION_CODENAME in /etc/os-release}")}
 mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 printf 'deb %s %s main contrib non-free\n' "$mirror" "$suite" >"$work/sources.list"
 apt=(apt-get -q -o "Dir::Etc::sourcelist=$work/sources.list" -o Dir::Etc::sourceparts=-
@@ -36,7 +38,7 @@ deb=$(ls "$work"/debs/nvidia-kernel-source_*.deb)
 version=$(dpkg-deb -f "$deb" Version)
 version=${version%%-*} # 535.261.03-1 -> 535.261.03
 src="$dest/usr/src/nvidia-$version"
-rm -rf "$src" "$work/x"
+rm -rf "$dest"/usr/src/nvidia-* "$work/x"
 mkdir -p "$src" "$work/x"
 for pkg in nvidia-kernel-source nvidia-open-kernel-source; do
 	dpkg-deb -x "$work"/debs/${pkg}_*.deb "$work/x"

@@ -30,8 +30,9 @@ const (
 	DefaultMaxImage = 256 << 20
 	// DefaultMaxOutput bounds how much decompressed kernel is searched for each candidate payload.
 	DefaultMaxOutput = 1 << 30
-	// DefaultMaxWindow bounds an xz, lzma or zstd window (the kernel's x86 xz uses 32 MiB).
-	DefaultMaxWindow = 64 << 20
+	// DefaultMaxWindow bounds an xz, lzma or zstd window: the kernel's x86 xz uses 32 MiB, its
+	// zstd -22 --ultra (Debian's 6.12 images) declares 128 MiB.
+	DefaultMaxWindow = 128 << 20
 	// maxCandidates bounds how many compression magics found by scanning are tried.
 	maxCandidates = 64
 	// maxBanner bounds the length of a banner line.

@@ -114,6 +114,18 @@ func xzPlain(t testing.TB, b []byte, dictCap int) []byte {
 	return buf.Bytes()
 }
 
+// zstdWindow rewrites the window descriptor of a zstd frame without the single-segment flag to
+// declare a window of 2^log bytes (a larger window than the data needs is valid).
+func zstdWindow(t testing.TB, b []byte, log int) []byte {
+	t.Helper()
+	if len(b) < 6 || b[4]&0x20 != 0 {
+		t.Fatalf("not a zstd frame with a window descriptor: % x", b[:min(len(b), 6)])
+	}
+	b = bytes.Clone(b)
+	b[5] = byte(log-10) << 3
+	return b
+}
+
 func zstded(t testing.TB, b []byte, opts ...zstd.EOption) []byte {
 	enc, err := zstd.NewWriter(nil, opts...)
 	if err != nil {
@@ -278,6 +290,9 @@ func TestBannerCompressions(t *testing.T) {
 		{CompressionXZ, xzPlain(t, kernel, 1<<20), len(kernel)},
 		{CompressionXZ, readFixture(t, fixtureX86XZ), len(fixture)},
 		{CompressionZstd, zstded(t, kernel), len(kernel)},
+		// The 128 MiB window that x86 images made with the kernel's zstd -22 --ultra declare
+		// (Debian's 6.12).
+		{CompressionZstd, zstdWindow(t, zstded(t, kernel, zstd.WithSingleSegment(false)), 27), len(kernel)},
 		{CompressionLZ4, lz4Legacy(t, kernel), len(kernel)},
 		{CompressionLZMA, lzmaed(t, kernel), len(kernel)},
 		{CompressionBzip2, readFixture(t, fixtureBzip2), len(fixture)},
