@@ -25,7 +25,7 @@ func TestVMBench(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := setup(t, tl, true)
+	h := setup(t, []*tools{tl}, true)[0]
 	h.kernelBanner(t)
 	runs := 7
 	if v := os.Getenv("DRIVER_AGENT_VM_BENCH_RUNS"); v != "" {

@@ -96,6 +96,9 @@ func buildStandin(ctx context.Context, tl *tools, src, work, version string, spe
 		return s, err
 	}
 	args := []string{"-s", "-j2", "-C", tl.headers, "M=" + s.dir, "modules"}
+	if tl.cc != "" {
+		args = append(args, "CC="+tl.cc)
+	}
 	if spec.nvidiaOnly {
 		args = append(args, "STANDIN_NVIDIA_ONLY=1")
 	}
@@ -107,6 +110,12 @@ func buildStandin(ctx context.Context, tl *tools, src, work, version string, spe
 	if err != nil {
 		return s, err
 	}
+	// Kernels from 6.12 on link every module with .module-common.o (its vermagic and, with ORC,
+	// the unwinder's header); the interface object carries it, as driver-agent build makes it.
+	var common []string
+	if _, err := os.Stat(s.path(".module-common.o")); err == nil {
+		common = []string{".module-common.o"}
+	}
 	type split struct{ module, iface, core, ifaceOut, coreOut string }
 	splits := []split{{"nvidia", "nv-interface.o", "nv-core.o", nvInterface, nvCore}}
 	if !spec.nvidiaOnly {
@@ -116,7 +125,8 @@ func buildStandin(ctx context.Context, tl *tools, src, work, version string, spe
 		// The interface object is the module's own objects plus <module>.mod.o (modinfo,
 		// __this_module, symbol versions), linked with the kernel's module linker script so
 		// that exported symbols land in __ksymtab*; the core object is linked in unchanged.
-		if out, err := run(ctx, s.dir, tl.ld, "-r", "-m", "elf_x86_64", "-T", lds, "-o", sp.ifaceOut, sp.iface, sp.module+".mod.o"); err != nil {
+		args := append([]string{"-r", "-m", "elf_x86_64", "-T", lds, "-o", sp.ifaceOut, sp.iface, sp.module + ".mod.o"}, common...)
+		if out, err := run(ctx, s.dir, tl.ld, args...); err != nil {
 			return s, fmt.Errorf("make %s: %w\n%s", sp.ifaceOut, err, out)
 		}
 		if out, err := run(ctx, s.dir, "cp", sp.core, sp.coreOut); err != nil {
@@ -189,6 +199,9 @@ func checkModinfo(path, name, version string) error {
 		if !bytes.Contains(data, append([]byte(want), 0)) {
 			return fmt.Errorf("%s: .modinfo has no %q", path, want)
 		}
+	}
+	if !bytes.Contains(data, []byte("vermagic=")) {
+		return fmt.Errorf("%s: .modinfo has no vermagic", path)
 	}
 	return nil
 }

@@ -20,13 +20,22 @@ const (
 	// busyboxPath is where Debian's busybox-static installs its binary.
 	busyboxPath = "/bin/busybox"
 	// aptInstall is what scripts/vm-deps.sh installs with apt-get.
-	aptInstall = "apt-get install -y --no-install-recommends qemu-system-x86 linux-headers-amd64 busybox-static cpio kmod binutils gcc make"
+	aptInstall = "apt-get install -y --no-install-recommends qemu-system-x86 linux-headers-amd64 busybox-static cpio kmod binutils gcc make patchelf"
 )
 
-// tools are the host programs and kernel files the VM tests use.
+// secondSuite is the Debian suite of the second kernel the VM tests run on, cached by
+// scripts/vm-deps-kernel.sh: trixie's 6.12, built with gcc 14, the generation Flatcar stable runs.
+const secondSuite = "trixie"
+
+// tools are the host programs the VM tests use and one kernel to boot: a harness runs on one.
 type tools struct {
+	name      string // the kernel's short name in test names and result lines, e.g. 6.1
+	suite     string // the Debian suite the kernel comes from
 	abi       string // kernel ABI, e.g. 6.1.0-57-amd64
-	headers   string // /usr/src/linux-headers-<abi>
+	headers   string // a build tree whose helpers run here: the stand-ins and driver-agent build use it
+	published string // the build tree as Debian ships it: what the NVIDIA test serves as a Flatcar release
+	sysroot   string // the root of the C library the published tree's helpers need; "" for this machine's
+	cc        string // the compiler of the kernel's generation; "" for this machine's gcc
 	kernelDir string // <cache>/<abi>: vmlinuz, config, modules/
 	vmlinuz   string
 	modules   string // the image's lib/modules/<abi>, with a modules.dep
@@ -36,8 +45,60 @@ type tools struct {
 	make      string
 }
 
-// findTools locates everything the VM tests need. It installs nothing: when something is missing
-// the error gives the apt-get line (and scripts/vm-deps.sh for the kernel image).
+// kernelName is the major.minor of a kernel ABI: "6.12" for 6.12.117+deb13-amd64.
+func kernelName(abi string) string {
+	if m := regexp.MustCompile(`^[0-9]+\.[0-9]+`).FindString(abi); m != "" {
+		return m
+	}
+	return abi
+}
+
+// findKernels locates everything the VM tests need, for each kernel they boot: the one of the
+// installed headers (this machine's suite), then the second suite's. It installs nothing: when
+// something is missing the error gives the apt-get line (and scripts/vm-deps.sh for the kernels).
+func findKernels() ([]*tools, error) {
+	first, err := findTools()
+	if err != nil {
+		return nil, err
+	}
+	second, err := first.cachedKernel(secondSuite)
+	if err != nil {
+		return nil, err
+	}
+	return []*tools{first, second}, nil
+}
+
+// cachedKernel is t's host programs with the kernel scripts/vm-deps-kernel.sh cached for suite
+// (<cache>/<suite> links to <cache>/<abi>): its build trees, compiler and C library come from
+// there.
+func (t *tools) cachedKernel(suite string) (*tools, error) {
+	link := filepath.Join(filepath.Dir(t.kernelDir), suite)
+	dir, err := filepath.EvalSymlinks(link)
+	if err == nil {
+		_, err = os.Stat(filepath.Join(dir, "complete"))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("no %s kernel in %s: %w\nrun as root:\n  sudo bash scripts/vm-deps.sh\nwhich runs scripts/vm-deps-kernel.sh %s: it caches the suite's kernel image, headers and compiler there",
+			suite, link, err, suite)
+	}
+	k := *t
+	k.suite, k.abi, k.name = suite, filepath.Base(dir), kernelName(filepath.Base(dir))
+	k.kernelDir = dir
+	k.vmlinuz = filepath.Join(dir, "vmlinuz")
+	k.modules = filepath.Join(dir, "modules")
+	k.headers = filepath.Join(dir, "build")
+	k.published = filepath.Join(dir, "headers")
+	k.sysroot = filepath.Join(dir, "toolchain")
+	k.cc = filepath.Join(dir, "cc")
+	if k.name == t.name {
+		return nil, fmt.Errorf("the %s kernel %s is of the same generation as the installed headers' %s", suite, k.abi, t.abi)
+	}
+	return &k, nil
+}
+
+// findTools locates the host programs and the kernel of the installed linux-headers-amd64. It
+// installs nothing: when something is missing the error gives the apt-get line (and
+// scripts/vm-deps.sh for the kernel image).
 func findTools() (*tools, error) {
 	t := &tools{busybox: busyboxPath}
 	var missing []string // Debian packages
@@ -57,8 +118,9 @@ func findTools() (*tools, error) {
 	}
 	abi, err := headersABI()
 	if err == nil {
-		t.abi = abi
+		t.abi, t.name = abi, kernelName(abi)
 		t.headers = filepath.Join("/usr/src", "linux-headers-"+abi)
+		t.published = t.headers
 		if _, err := os.Stat(filepath.Join(t.headers, "Makefile")); err != nil {
 			missing = append(missing, "linux-headers-"+abi)
 		}
@@ -66,8 +128,13 @@ func findTools() (*tools, error) {
 		missing = append(missing, "linux-headers-amd64")
 	}
 	if len(missing) > 0 {
-		return nil, fmt.Errorf("the VM tests need Debian packages that are missing: %s\ninstall them as root with:\n  apt-get update && apt-get install -y --no-install-recommends %s\nor install everything the VM tests need, the kernel image included:\n  sudo bash scripts/vm-deps.sh  # runs: %s",
+		return nil, fmt.Errorf("the VM tests need Debian packages that are missing: %s\ninstall them as root with:\n  apt-get update && apt-get install -y --no-install-recommends %s\nor install everything the VM tests need, the kernel images included:\n  sudo bash scripts/vm-deps.sh  # runs: %s",
 			strings.Join(missing, " "), strings.Join(missing, " "), aptInstall)
+	}
+	if b, err := os.ReadFile("/etc/os-release"); err == nil {
+		if m := regexp.MustCompile(`(?m)^VERSION_CODENAME=(\S+)$`).FindSubmatch(b); m != nil {
+			t.suite = string(m[1])
+		}
 	}
 
 	cache := os.Getenv("DRIVER_AGENT_VM_CACHE")

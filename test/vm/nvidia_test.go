@@ -100,7 +100,7 @@ func TestNVIDIA(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := setup(t, tl, false)
+	h := setup(t, []*tools{tl}, false)[0]
 	banner := vmlinuzBanner(t, h)
 	release, ok := precompiled.ParseBanner(banner)
 	if !ok || release.Release != tl.abi {

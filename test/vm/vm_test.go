@@ -5,8 +5,10 @@ package vm
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -65,7 +67,7 @@ func groups() []group {
 // into Debian's kernel); the guest gets them with their modules.dep closure.
 func prerequisiteModules() []string { return []string{"ipmi_msghandler", "ipmi_devintf", "video"} }
 
-// harness holds what one `go test` run builds once and shares between boots.
+// harness holds what one `go test` run builds once for a kernel and shares between its boots.
 type harness struct {
 	tl       *tools
 	repo     string
@@ -79,25 +81,36 @@ type harness struct {
 	timings  []string
 }
 
+// TestVM runs every group on each kernel: TestVM/<kernel>/<group>/<scenario>, e.g.
+// TestVM/6.12/lifecycle/cache.
 func TestVM(t *testing.T) {
 	start := time.Now()
-	tl, err := findTools()
+	kernels, err := findKernels()
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := setup(t, tl, true)
-	for _, g := range groups() {
-		t.Run(g.name, func(t *testing.T) { h.runGroup(t, g) })
+	var timings []string
+	for _, h := range setup(t, kernels, true) {
+		t.Run(h.tl.name, func(t *testing.T) {
+			for _, g := range groups() {
+				t.Run(g.name, func(t *testing.T) { h.runGroup(t, g) })
+			}
+			t.Run("vmlinuz-banner", func(t *testing.T) { h.checkVmlinuzBanner(t) })
+		})
+		timings = append(timings, h.tl.name+" ("+h.tl.abi+"):")
+		for _, l := range h.timings {
+			timings = append(timings, "  "+l)
+		}
 	}
-	t.Run("vmlinuz-banner", func(t *testing.T) { h.checkVmlinuzBanner(t) })
-	h.timings = append(h.timings, fmt.Sprintf("total %s", since(start)))
-	t.Logf("timings:\n  %s", strings.Join(h.timings, "\n  "))
+	timings = append(timings, fmt.Sprintf("total %s", since(start)))
+	t.Logf("timings:\n  %s", strings.Join(timings, "\n  "))
 }
 
 func since(t time.Time) string { return time.Since(t).Round(10 * time.Millisecond).String() }
 
-// setup builds the agent and, with standins, the stand-in modules (once per `go test`).
-func setup(t *testing.T, tl *tools, standins bool) *harness {
+// setup builds the agent and, with standins, each kernel's stand-in modules (once per
+// `go test`), and returns a harness for each kernel, in order.
+func setup(t *testing.T, kernels []*tools, standins bool) []*harness {
 	t.Helper()
 	repo, err := filepath.Abs("../..")
 	if err != nil {
@@ -106,8 +119,7 @@ func setup(t *testing.T, tl *tools, standins bool) *harness {
 	if _, err := os.Stat(filepath.Join(repo, "go.mod")); err != nil {
 		t.Fatalf("repository root: %v", err)
 	}
-	h := &harness{tl: tl, repo: repo, work: t.TempDir(), standins: map[string]standin{}}
-	t.Logf("kernel %s (%s), headers %s", tl.abi, tl.vmlinuz, tl.headers)
+	work := t.TempDir()
 	ctx := context.Background()
 
 	type built struct {
@@ -127,50 +139,65 @@ func setup(t *testing.T, tl *tools, standins bool) *harness {
 			agentDone <- built{p, err, 0}
 			return
 		}
-		p, err := buildAgent(ctx, repo, h.work)
+		p, err := buildAgent(ctx, repo, work)
 		agentDone <- built{p, err, time.Since(t0)}
 	}()
-	t0 := time.Now()
-	var per []string
-	specs := standinSpecs()
-	if !standins {
-		specs = nil
-	}
-	for _, spec := range specs {
-		t1 := time.Now()
-		s, err := buildStandin(ctx, tl, filepath.Join(repo, "test/vm/standin"), h.work, driverVersion, spec)
-		if err != nil {
-			<-agentDone
+	var hs []*harness
+	for _, tl := range kernels {
+		h := &harness{tl: tl, repo: repo, work: filepath.Join(work, tl.name), standins: map[string]standin{}}
+		if err := os.Mkdir(h.work, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		h.standins[spec.variant] = s
-		per = append(per, fmt.Sprintf("%s %s", spec.variant, since(t1)))
-	}
-	if standins {
-		h.timings = append(h.timings, fmt.Sprintf("stand-in module builds %s (%s)", since(t0), strings.Join(per, ", ")))
+		t.Logf("kernel %s: %s (%s), headers %s, compiler %s", tl.name, tl.abi, tl.vmlinuz, tl.headers, cmp.Or(tl.cc, "gcc"))
+		if standins {
+			if err := h.buildStandins(ctx); err != nil {
+				<-agentDone
+				t.Fatal(err)
+			}
+		}
+		hs = append(hs, h)
 	}
 	a := <-agentDone
 	if a.err != nil {
 		t.Fatal(a.err)
 	}
-	h.agent = a.path
-	h.timings = append(h.timings, fmt.Sprintf("agent build %s", a.took.Round(10*time.Millisecond)))
 
-	out, err := exec.Command(tl.busybox, "--list-full").Output()
+	out, err := exec.Command(kernels[0].busybox, "--list-full").Output()
 	if err != nil {
-		t.Fatalf("%s --list-full: %v", tl.busybox, err)
+		t.Fatalf("%s --list-full: %v", kernels[0].busybox, err)
 	}
+	var applets []string
 	for _, a := range strings.Fields(string(out)) {
 		if a != "linuxrc" && !strings.HasSuffix(a, "/init") {
-			h.applets = append(h.applets, a)
+			applets = append(applets, a)
 		}
 	}
-	libs, err := sharedLibraries(tl.ld)
+	libs, err := sharedLibraries(kernels[0].ld)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.ldFiles = append([]string{tl.ld}, libs...)
-	return h
+	for _, h := range hs {
+		h.agent, h.applets, h.ldFiles = a.path, applets, append([]string{h.tl.ld}, libs...)
+		h.timings = append(h.timings, fmt.Sprintf("agent build %s (shared)", a.took.Round(10*time.Millisecond)))
+	}
+	return hs
+}
+
+// buildStandins builds every variant of the stand-ins against the kernel's headers.
+func (h *harness) buildStandins(ctx context.Context) error {
+	t0 := time.Now()
+	var per []string
+	for _, spec := range standinSpecs() {
+		t1 := time.Now()
+		s, err := buildStandin(ctx, h.tl, filepath.Join(h.repo, "test/vm/standin"), h.work, driverVersion, spec)
+		if err != nil {
+			return fmt.Errorf("kernel %s: %w", h.tl.name, err)
+		}
+		h.standins[spec.variant] = s
+		per = append(per, fmt.Sprintf("%s %s", spec.variant, since(t1)))
+	}
+	h.timings = append(h.timings, fmt.Sprintf("stand-in module builds %s (%s)", since(t0), strings.Join(per, ", ")))
+	return nil
 }
 
 // result is a scenario's line.
@@ -469,6 +496,10 @@ func (h *harness) addPrerequisites(r *rootfs, compress bool, names []string) err
 		if err != nil {
 			return err
 		}
+		p, data, err = decompressModule(p, data) // trixie ships its modules as .ko.xz
+		if err != nil {
+			return err
+		}
 		ext, packed, err := compressModule(data, i%2 == 0)
 		if err != nil {
 			return fmt.Errorf("compress %s: %w", p, err)
@@ -487,6 +518,34 @@ func (h *harness) addPrerequisites(r *rootfs, compress bool, names []string) err
 	r.bytes(dir+"modules.dep", 0o644, dep.Bytes())
 	r.file(dir+"modules.builtin", 0o644, filepath.Join(h.tl.modules, "modules.builtin"))
 	return nil
+}
+
+// decompressModule returns a .ko.xz or .ko.zst module's path without that suffix and its
+// contents decompressed; any other module as it is.
+func decompressModule(p string, data []byte) (string, []byte, error) {
+	var r io.Reader
+	switch {
+	case strings.HasSuffix(p, ".ko.xz"):
+		xr, err := xz.NewReader(bytes.NewReader(data))
+		if err != nil {
+			return "", nil, fmt.Errorf("%s: %w", p, err)
+		}
+		r = xr
+	case strings.HasSuffix(p, ".ko.zst"):
+		zr, err := zstd.NewReader(bytes.NewReader(data))
+		if err != nil {
+			return "", nil, fmt.Errorf("%s: %w", p, err)
+		}
+		defer zr.Close()
+		r = zr
+	default:
+		return p, data, nil
+	}
+	raw, err := io.ReadAll(r)
+	if err != nil {
+		return "", nil, fmt.Errorf("decompress %s: %w", p, err)
+	}
+	return strings.TrimSuffix(p, filepath.Ext(p)), raw, nil
 }
 
 // compressModule returns the module compressed with xz (CRC32 check, as kmod writes it) or zstd.
