@@ -8,10 +8,19 @@
 #
 # SUITE is the Debian suite to take them from (default: this machine's, from /etc/os-release).
 #
-# usage: scripts/nvidia-sources.sh DEST [SUITE]    (prints the driver version on its last line)
+# HEADERS, when given, is the kernel build tree the sources are for. Linux 6.12.97 (and so Debian's
+# 6.12.117) gave pci_resize_resource() a fourth argument, exclude_bars; NVIDIA's open sources up to
+# at least 550.163.01 call it with three, and Debian's package carries no fix, so the open flavour
+# does not compile against such a kernel. When HEADERS/include/linux/pci.h declares the argument
+# and kernel-open/nvidia/nv-pci.c makes the three-argument call, the call gets exclude_bars=0
+# (exclude no BAR: the old behaviour), the fix Flatcar's own nvidia-drivers package carries
+# (flatcar/scripts#4205); the script says so. The proprietary flavour does not call it.
+#
+# usage: scripts/nvidia-sources.sh DEST [SUITE [HEADERS]]    (prints the driver version on its last line)
 set -euo pipefail
 
-dest=${1:?usage: $0 DEST [SUITE]}
+dest=${1:?usage: $0 DEST [SUITE [HEADERS]]}
+headers=${3:-}
 mkdir -p "$dest"
 dest=$(cd "$dest" && pwd)
 work="$dest/.apt"
@@ -51,4 +60,15 @@ rm -rf "$work/x"
 for f in kernel/nvidia/nv-kernel.o_binary kernel/nvidia-modeset/nv-modeset-kernel.o_binary kernel-open/nvidia/nv-kernel.o_binary; do
 	[ -s "$src/$f" ] || { echo "nvidia-sources: $src/$f is missing from Debian's package" >&2; exit 1; }
 done
+call='pci_resize_resource(pci_dev, NV_GPU_BAR1, requested_size)'
+pcih=$headers/include/linux/pci.h
+if [ -n "$headers" ] && [ ! -f "$pcih" ]; then
+	echo "nvidia-sources: $pcih is missing" >&2
+	exit 1
+fi
+if [ -n "$headers" ] && grep -A1 'int __must_check pci_resize_resource(' "$pcih" | grep -q exclude_bars &&
+	grep -qF "$call;" "$src/kernel-open/nvidia/nv-pci.c"; then
+	sed -i "s/pci_resize_resource(pci_dev, NV_GPU_BAR1, requested_size);/pci_resize_resource(pci_dev, NV_GPU_BAR1, requested_size, 0);/" "$src/kernel-open/nvidia/nv-pci.c"
+	echo "nvidia-sources: $headers's pci_resize_resource() takes exclude_bars (Linux 6.12.97 and later): kernel-open/nvidia/nv-pci.c now passes 0, as Flatcar's nvidia-drivers does" >&2
+fi
 echo "$version"
