@@ -272,7 +272,7 @@ func (h *harness) bootInitrd(t *testing.T, g group, initrd string) bootResult {
 	}
 	res := boot(context.Background(), h.tl.qemu, h.tl.vmlinuz, initrd, g.memMiB, g.timeout, live)
 	if dir := os.Getenv("DRIVER_AGENT_VM_LOGDIR"); dir != "" {
-		if err := os.WriteFile(filepath.Join(dir, "vm-"+g.name+".log"), []byte(res.log()), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, "vm-"+h.tl.name+"-"+g.name+".log"), []byte(res.log()), 0o644); err != nil {
 			t.Logf("writing the console log: %v", err)
 		}
 	}
