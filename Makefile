@@ -63,25 +63,30 @@ fuzz:
 	  done; done
 
 vm-test:
-	$(GO) test -tags vmtest -v -count=1 -timeout 20m ./test/vm/
+	$(GO) test -tags vmtest -v -count=1 -timeout 40m ./test/vm/
 
 # Figures, not a test: the agent's time to Ready, teardown and peak RSS in the VM against busybox
 # scripts doing the same insmods and mknods (test/vm/README.md). DRIVER_AGENT_VM_BENCH_RUNS=N.
 vm-bench:
 	$(GO) test -tags 'vmtest vmbench' -run '^TestVMBench$$' -v -count=1 -timeout 30m ./test/vm/
 
-# NVIDIA's real 535 driver (Debian's nvidia-kernel-source, downloaded into
-# DRIVER_AGENT_NVIDIA_SOURCES by scripts/nvidia-sources.sh): the compile path, driver-agent build,
-# and the load in the VM, which fails with ENODEV for want of a GPU (test/vm/README.md). Needs what
-# vm-test needs, and network. (Not NVIDIA_SOURCES: make exports command-line variables, and
-# NVIDIA's Kbuild appends its source list to a variable of that name.)
+# NVIDIA's real drivers (Debian's nvidia-kernel-source and nvidia-open-kernel-source of each VM
+# kernel's suite: this machine's, 535 for 6.1, and trixie's, 550 for 6.12, downloaded into
+# DRIVER_AGENT_NVIDIA_SOURCES/<suite> by scripts/nvidia-sources.sh, trixie's checked against its
+# 6.12 headers): the compile path, driver-agent build, and the load in a VM of each kernel, which
+# fails with ENODEV for want of a GPU (test/vm/README.md). Needs what vm-test needs, and network.
+# (Not NVIDIA_SOURCES: make exports command-line variables, and NVIDIA's Kbuild appends its source
+# list to a variable of that name.)
 # make nvidia-bench is the same stage plus a bare make of the same tree, timed against the
-# agent's build (a fourth full NVIDIA build, so not part of make ci).
+# agent's build (more full NVIDIA builds, so not part of make ci).
 DRIVER_AGENT_NVIDIA_SOURCES ?= /tmp/driver-agent-nvidia-sources
+VM_CACHE   = $(or $(DRIVER_AGENT_VM_CACHE),/var/cache/driver-agent-vm)
+HOST_SUITE = $(shell . /etc/os-release && echo $$VERSION_CODENAME)
 nvidia-test:
-	@t0=$$(date +%s); bash scripts/nvidia-sources.sh $(DRIVER_AGENT_NVIDIA_SOURCES) && \
+	@t0=$$(date +%s); bash scripts/nvidia-sources.sh $(DRIVER_AGENT_NVIDIA_SOURCES)/$(HOST_SUITE) $(HOST_SUITE) && \
+	  bash scripts/nvidia-sources.sh $(DRIVER_AGENT_NVIDIA_SOURCES)/trixie trixie $(VM_CACHE)/trixie/headers && \
 	  echo "$@: NVIDIA sources in $(DRIVER_AGENT_NVIDIA_SOURCES) after $$(( $$(date +%s) - t0 )) s"
-	DRIVER_AGENT_NVIDIA_SOURCES=$(DRIVER_AGENT_NVIDIA_SOURCES) $(GO) test -tags 'vmtest nvidiatest' -run '^TestNVIDIA$$' -v -count=1 -timeout 40m ./test/vm/
+	DRIVER_AGENT_NVIDIA_SOURCES=$(DRIVER_AGENT_NVIDIA_SOURCES) $(GO) test -tags 'vmtest nvidiatest' -run '^TestNVIDIA$$' -v -count=1 -timeout 80m ./test/vm/
 
 nvidia-bench:
 	$(MAKE) nvidia-test DRIVER_AGENT_NVIDIA_BENCH=1
@@ -89,7 +94,8 @@ nvidia-bench:
 deps:
 	bash scripts/install-deps.sh
 
-# qemu, busybox, the kernel headers and the matching kernel image for the VM tests (as root)
+# qemu, busybox, the kernel headers and the matching kernel image for the VM tests, and trixie's
+# 6.12 kernel, headers and gcc 14 (as root)
 vm-deps:
 	bash scripts/vm-deps.sh
 

@@ -71,7 +71,7 @@ func TestContainer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := setup(t, tl, true)
+	h := setup(t, []*tools{tl}, true)[0] // the 6.1 kernel only
 	up, err := buildStandin(context.Background(), tl, filepath.Join(h.repo, "test/vm/standin"), filepath.Join(h.work, "upgrade"), upgradeVersion, standinSpec{variant: "standard"})
 	if err != nil {
 		t.Fatal(err)

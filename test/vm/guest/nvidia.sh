@@ -79,21 +79,29 @@ nv_check_no_gpu() {
 	check_clean
 }
 
-# nvidia-precompiled: the package `driver-agent build` made on the host (nv-linux.o,
-# nv-modeset-linux.o, nvidia-uvm.ko, nvidia-peermem.ko) matches this kernel; the agent links it
-# with NVIDIA's nv-kernel.o_binary and nv-modeset-kernel.o_binary using the guest's ld, then loads.
-scn_nvidia_precompiled() {
-	local log=/tmp/nv-precompiled.log
+# nv_precompiled NAME FLAVOUR [ENV]: the package `driver-agent build` made on the host for FLAVOUR
+# (nv-linux.o, nv-modeset-linux.o, nvidia-uvm.ko, nvidia-peermem.ko), in
+# /usr/src/nvidia-<version>/FLAVOUR/precompiled, matches this kernel; the agent links it with
+# NVIDIA's nv-kernel.o_binary and nv-modeset-kernel.o_binary of FLAVOUR using the guest's ld, then
+# loads.
+nv_precompiled() {
+	local name=$1 flavour=$2 log=/tmp/$1.log
+	AGENT_EXTRA_ENV=$3
 	nv_ld_timer
-	nv_agent nvidia-precompiled "$log"
+	nv_agent "$name" "$log"
 	grep -q "Found NVIDIA driver package nvidia-modules-$KVER" "$log" || fail "the agent did not find the package nvidia-modules-$KVER"
+	grep -q "flavor=$flavour " "$log" || fail "not the $flavour flavour: $(grep -m1 'flavor=' "$log" | cut -c1-300)"
 	grep -q 'path=precompiled' "$log" || fail "not the precompiled path: $(grep -m1 'install path chosen' "$log")"
 	grep -q 'Relinking NVIDIA driver kernel modules' "$log" || fail "no 'Relinking' line"
 	check_eq "ld calls (nvidia.ko and nvidia-modeset.ko)" "$(ld_calls)" 2
 	awk '$3 != 0 { exit 1 }' /tmp/ld-calls || fail "an ld call failed: $(readv /tmp/ld-calls)"
+	grep -q "/$flavour/nvidia/nv-kernel.o_binary" /tmp/ld-calls || fail "ld did not link $flavour/nvidia/nv-kernel.o_binary: $(readv /tmp/ld-calls)"
 	note "agent ${NV_AGENT_MS}ms, ld $(nv_ld_ms)ms"
 	nv_check_no_gpu "$log"
 }
+
+scn_nvidia_precompiled() { nv_precompiled nvidia-precompiled kernel; }
+scn_nvidia_open_precompiled() { nv_precompiled nvidia-open-precompiled kernel-open KERNEL_MODULE_TYPE=open; }
 
 # nv_cached NAME FLAVOUR [ENV]: the agent, pointed at the cache entry the host stored for FLAVOUR,
 # loads the modules the compile path built, without linking.
