@@ -825,7 +825,7 @@ func (nv *nvidiaRun) guestFigures(t *testing.T, res bootResult) {
 		nv.timing("guest link (precompiled path): %s from the agent's Relinking record to the end of its last ld (ld -d -r: nvidia.ko %.2fs, nvidia-modeset.ko %.2fs); its prepare phase %s; storing the linked modules in the cache, alongside the load, %s",
 			link.Round(10*time.Millisecond), p.ld[0], p.ld[1], p.phase["prepare"].Round(10*time.Millisecond), cmp.Or(p.store, "(no record)"))
 	}
-	for _, sc := range []string{"nvidia-precompiled", "nvidia-cached", "nvidia-open-cached"} {
+	for _, sc := range []string{"nvidia-precompiled", "nvidia-cached", "nvidia-open-precompiled", "nvidia-open-cached"} {
 		if at := times[sc]; at != nil {
 			nv.timing("  %s phases: %s", sc, strings.Join(at.phases, ", "))
 		}
