@@ -606,14 +606,10 @@ func TestBuildTreeDestination(t *testing.T) {
 	}
 }
 
-func TestBuildTreeFileMirror(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	mirror := t.TempDir()
-	dir := filepath.Join(mirror, "lts", rel.Board, rel.Version)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
+// writeRelease writes a whole, validly signed release (tarball and DIGESTS.asc) into dir, as a
+// file mirror (or an attacker who knows a file on the node) would have it, and returns dir.
+func writeRelease(t *testing.T, e *env, dir string) string {
+	t.Helper()
 	tb := tarball(t, flatcartest.ContainerTree(kver, buildTree(t)))
 	d, err := flatcartest.Digests(flatcartest.ContainerImage, bytes.NewReader(tb))
 	if err != nil {
@@ -628,6 +624,18 @@ func TestBuildTreeFileMirror(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	return dir
+}
+
+func TestBuildTreeFileMirror(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	mirror := t.TempDir()
+	dir := filepath.Join(mirror, "lts", rel.Board, rel.Version)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeRelease(t, e, dir)
 	f := e.fetcher(t, func(o *flatcar.Options) { o.URLs = []string{"file://" + mirror + "/{channel}/{board}/{version}/"} })
 	tree, err := f.BuildTree(context.Background(), rel, kver, e.dest)
 	if err != nil {

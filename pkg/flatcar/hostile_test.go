@@ -19,28 +19,6 @@ import (
 	"github.com/driver-agent/driver-agent/pkg/flatcar/flatcartest"
 )
 
-// localRelease writes a whole, validly signed release (tarball and DIGESTS.asc) into a local
-// directory, as an attacker who knows a file on the node would have it, and returns the directory.
-func localRelease(t *testing.T, e *env) string {
-	t.Helper()
-	dir := t.TempDir()
-	tb := tarball(t, flatcartest.ContainerTree(kver, buildTree(t)))
-	d, err := flatcartest.Digests(flatcartest.ContainerImage, bytes.NewReader(tb))
-	if err != nil {
-		t.Fatal(err)
-	}
-	asc, err := e.key.ClearSign(d)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for name, b := range map[string][]byte{flatcartest.ContainerImage: tb, flatcartest.ContainerImage + ".DIGESTS.asc": asc} {
-		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
-}
-
 // TestBuildTreeRefusesRedirectsOffHTTP: a release server that redirects to a file:// URL (or any
 // scheme but http and https) does not make the fetcher read the node's own files, even when what
 // they hold would verify; a redirect to another http URL is followed.
@@ -50,7 +28,7 @@ func TestBuildTreeRefusesRedirectsOffHTTP(t *testing.T) {
 		t.Run(target, func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t)
-			local := localRelease(t, e)
+			local := writeRelease(t, e, t.TempDir())
 			e.srv.SetHook(func(w http.ResponseWriter, r *http.Request, _ io.ReadSeeker) bool {
 				if !strings.HasPrefix(r.URL.Path, flatcartest.ReleaseDir("stable", rel.Board, rel.Version)) {
 					return false
