@@ -485,24 +485,8 @@ func verify(dir string, key Key, contents bool) (Entry, error) {
 	e := Entry{Dir: dir, Manifest: m}
 	for _, mod := range m.Modules {
 		rel := filepath.Join(ModulesDir, mod.File)
-		var size int64
-		sum, err := hashFile(root, rel, contents, func(r io.Reader) error {
-			if !contents {
-				return nil
-			}
-			var err error
-			size, err = io.Copy(io.Discard, r)
-			return err
-		})
-		if err != nil {
+		if err := checkModule(root, rel, mod, contents); err != nil {
 			return Entry{}, corrupt("%s: %v", rel, err)
-		}
-		if !contents {
-			if st, err := root.Stat(rel); err != nil || st.Size() != mod.Size {
-				return Entry{}, corrupt("%s: %d bytes, manifest says %d", rel, sizeOf(st), mod.Size)
-			}
-		} else if sum != mod.SHA256 || size != mod.Size {
-			return Entry{}, corrupt("%s: sha256 %s (%d bytes), manifest says %s (%d bytes)", rel, sum, size, mod.SHA256, mod.Size)
 		}
 		e.Modules = append(e.Modules, link.Module{Name: mod.Name, Path: filepath.Join(dir, rel), Signed: mod.Signed})
 	}
@@ -544,11 +528,34 @@ func openRegular(root *os.Root, rel string) (*os.File, error) {
 	return root.Open(rel)
 }
 
-func sizeOf(st fs.FileInfo) int64 {
-	if st == nil {
-		return -1
+// checkModule checks the module file rel under root against mod: a regular file of mod's size
+// and, with contents, mod's sha256. Without contents it only stats the file.
+func checkModule(root *os.Root, rel string, mod ModuleSum, contents bool) error {
+	if !contents {
+		st, err := root.Lstat(rel)
+		switch {
+		case err != nil:
+			return err
+		case !st.Mode().IsRegular():
+			return errors.New("not a regular file")
+		case st.Size() != mod.Size:
+			return fmt.Errorf("%d bytes, manifest says %d", st.Size(), mod.Size)
+		}
+		return nil
 	}
-	return st.Size()
+	var size int64
+	sum, err := hashFile(root, rel, true, func(r io.Reader) error {
+		var err error
+		size, err = io.Copy(io.Discard, r)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if sum != mod.SHA256 || size != mod.Size {
+		return fmt.Errorf("sha256 %s (%d bytes), manifest says %s (%d bytes)", sum, size, mod.SHA256, mod.Size)
+	}
+	return nil
 }
 
 // Prune keeps at most maxEntries entries in dir, removing those whose manifest was
