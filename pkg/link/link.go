@@ -146,7 +146,7 @@ func Link(ctx context.Context, p *precompiled.Package, workDir string, opts Opti
 	}
 
 	// Names and complete modules first: an invalid package, or an unsigned module when signatures
-	// are required, is found before any ld runs.
+	// are required, is found before any ld runs; the complete modules need no link.
 	mods := make([]Module, len(p.Files))
 	seen := map[string]string{}
 	for i := range p.Files {
@@ -157,12 +157,13 @@ func Link(ctx context.Context, p *precompiled.Package, workDir string, opts Opti
 		name := modfile.NameFromPath(f.LinkedModuleName)
 		if f.Type == precompiled.KernelModule {
 			name = modfile.NameFromPath(f.Name)
+			mods[i] = Module{Name: name, Path: paths[i], Signed: signedModule(f)}
 		}
 		if prev, ok := seen[name]; ok {
 			return nil, fmt.Errorf("link: %w: members %q and %q both give module %s", precompiled.ErrInvalid, prev, f.Name, name)
 		}
 		seen[name] = f.Name
-		if f.Type == precompiled.KernelModule && opts.RequireSigned && !signedModule(f) {
+		if f.Type == precompiled.KernelModule && opts.RequireSigned && !mods[i].Signed {
 			return nil, fmt.Errorf("link: %s: %w: the package's module carries no signature", f.Name, ErrUnsigned)
 		}
 	}
@@ -174,19 +175,16 @@ func Link(ctx context.Context, p *precompiled.Package, workDir string, opts Opti
 	var wg sync.WaitGroup
 	for i := range p.Files {
 		f := &p.Files[i]
-		switch {
-		case f.Name == ModuleCommonObject:
-		case f.Type == precompiled.KernelModule:
-			mods[i] = Module{Name: modfile.NameFromPath(f.Name), Path: paths[i], Signed: signedModule(f)}
-		default:
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if mods[i], errs[i] = linkInterface(ctx, f, paths[i], outputs[i], ld, common, opts, log); errs[i] != nil {
-					cancel()
-				}
-			}()
+		if f.Name == ModuleCommonObject || f.Type == precompiled.KernelModule {
+			continue
 		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if mods[i], errs[i] = linkInterface(ctx, f, paths[i], outputs[i], ld, common, opts, log); errs[i] != nil {
+				cancel()
+			}
+		}()
 	}
 	wg.Wait()
 	if err := firstErr(errs); err != nil {
