@@ -323,10 +323,8 @@ func Parse(name string, args []string, environ []string, stderr io.Writer) (*Con
 	for i, o := range opts {
 		vals[i] = &value{isBool: o.Bool, repeat: o.Repeat}
 		fs.Var(vals[i], o.Flag, o.Usage+" ["+o.Env+"]")
-		if o.Flag == "max-threads" {
-			registerScriptFlags(fs, &script, vals[i])
-		}
 	}
+	registerScriptFlags(fs, &script, fs.Lookup("max-threads").Value)
 	fs.Usage = func() { Usage(stderr, name) }
 	isFlag := func(n string) bool { return fs.Lookup(n) != nil }
 	isBool := func(n string) bool {
