@@ -374,8 +374,7 @@ func (e Entry) OpenModule(name string) (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %s: %v", ErrCorrupt, e.Dir, rel, err)
 	}
-	h := sha256.New()
-	size, err := io.Copy(h, f)
+	got, size, err := sumOf(f)
 	if err == nil {
 		_, err = f.Seek(0, io.SeekStart)
 	}
@@ -383,9 +382,9 @@ func (e Entry) OpenModule(name string) (*os.File, error) {
 		f.Close()
 		return nil, fmt.Errorf("cache: %s: %w", rel, err)
 	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != sum.SHA256 || size != sum.Size {
+	if err := sum.differs(got, size); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("%w: %s: %s: sha256 %s (%d bytes), manifest says %s (%d bytes)", ErrCorrupt, e.Dir, rel, got, size, sum.SHA256, sum.Size)
+		return nil, fmt.Errorf("%w: %s: %s: %v", ErrCorrupt, e.Dir, rel, err)
 	}
 	return f, nil
 }
@@ -543,19 +542,32 @@ func checkModule(root *os.Root, rel string, mod ModuleSum, contents bool) error 
 		}
 		return nil
 	}
-	var size int64
-	sum, err := hashFile(root, rel, true, func(r io.Reader) error {
-		var err error
-		size, err = io.Copy(io.Discard, r)
-		return err
-	})
+	f, err := openRegular(root, rel)
 	if err != nil {
 		return err
 	}
-	if sum != mod.SHA256 || size != mod.Size {
-		return fmt.Errorf("sha256 %s (%d bytes), manifest says %s (%d bytes)", sum, size, mod.SHA256, mod.Size)
+	defer f.Close()
+	sum, size, err := sumOf(f)
+	if err != nil {
+		return err
 	}
-	return nil
+	return mod.differs(sum, size)
+}
+
+// sumOf reads r to its end and returns the hex sha256 and the length of what it read.
+func sumOf(r io.Reader) (string, int64, error) {
+	h := sha256.New()
+	n, err := io.Copy(h, r)
+	return hex.EncodeToString(h.Sum(nil)), n, err
+}
+
+// differs says how module contents with sha256 sum and size bytes differ from m, or nil when
+// they match: Lookup, Peek and OpenModule compare through it.
+func (m ModuleSum) differs(sum string, size int64) error {
+	if sum == m.SHA256 && size == m.Size {
+		return nil
+	}
+	return fmt.Errorf("sha256 %s (%d bytes), manifest says %s (%d bytes)", sum, size, m.SHA256, m.Size)
 }
 
 // Prune keeps at most maxEntries entries in dir, removing those whose manifest was
