@@ -240,6 +240,21 @@ func (w *world) waitReady(t *testing.T, done <-chan error) {
 	}, done)
 }
 
+// loadedWithDigest sets the node up as an earlier run left it: the NVIDIA modules loaded and
+// the configuration digest stored as digest, so that a run whose digest matches takes the fast path.
+func (w *world) loadedWithDigest(t *testing.T, digest string) {
+	t.Helper()
+	if err := w.kernel.Preload("nvidia", "nvidia_uvm", "nvidia_modeset"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(w.roots.InRun("nvidia"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(w.roots.InRun("nvidia/nvidia-driver.state"), []byte(digest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func waitFor(t *testing.T, what string, cond func() bool, done <-chan error) {
 	t.Helper()
 	waitForWithin(t, what, 10*time.Second, cond, done)
@@ -405,11 +420,7 @@ func TestLockContention(t *testing.T) {
 
 func TestFastPathAdoptsLoadedDriver(t *testing.T) {
 	w := newWorld(t)
-	if err := w.kernel.Preload("nvidia", "nvidia_uvm", "nvidia_modeset"); err != nil {
-		t.Fatal(err)
-	}
-	os.MkdirAll(w.roots.InRun("nvidia"), 0o755)
-	os.WriteFile(w.roots.InRun("nvidia/nvidia-driver.state"), []byte("digest-1"), 0o644)
+	w.loadedWithDigest(t, "digest-1")
 	a := w.agent(t)
 	cancel, done := startAgent(a)
 	defer cancel()

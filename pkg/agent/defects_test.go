@@ -188,11 +188,7 @@ func TestScrapesThroughoutEveryPath(t *testing.T) {
 		},
 		"fast": func(t *testing.T) (*world, *Agent, bool) {
 			w := newWorld(t)
-			if err := w.kernel.Preload("nvidia", "nvidia_uvm", "nvidia_modeset"); err != nil {
-				t.Fatal(err)
-			}
-			os.MkdirAll(w.roots.InRun("nvidia"), 0o755)
-			os.WriteFile(w.roots.InRun("nvidia/nvidia-driver.state"), []byte("digest-1"), 0o644)
+			w.loadedWithDigest(t, "digest-1")
 			return w, w.agent(t), false
 		},
 		"host": func(t *testing.T) (*world, *Agent, bool) {
@@ -239,10 +235,7 @@ func TestScrapesThroughoutEveryPath(t *testing.T) {
 				next.Source, next.Config.DriverVersion = a.Source, a.Config.DriverVersion
 				a = next
 				if name == "fast" && i < starts[name]-1 { // the teardown unloaded what the fast path adopted
-					if err := w.kernel.Preload("nvidia", "nvidia_uvm", "nvidia_modeset"); err != nil {
-						t.Fatal(err)
-					}
-					os.WriteFile(w.roots.InRun("nvidia/nvidia-driver.state"), []byte("digest-1"), 0o644)
+					w.loadedWithDigest(t, "digest-1")
 				}
 			}
 		})

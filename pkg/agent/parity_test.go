@@ -28,11 +28,7 @@ import (
 // newline included; the agent that replaces it must still take the fast path.
 func TestFastPathDigestWrittenByScript(t *testing.T) {
 	w := newWorld(t)
-	if err := w.kernel.Preload("nvidia", "nvidia_uvm", "nvidia_modeset"); err != nil {
-		t.Fatal(err)
-	}
-	os.MkdirAll(w.roots.InRun("nvidia"), 0o755)
-	os.WriteFile(w.roots.InRun("nvidia/nvidia-driver.state"), []byte("digest-1\n"), 0o644)
+	w.loadedWithDigest(t, "digest-1\n")
 	cancel, done := startAgent(w.agent(t))
 	defer cancel()
 	w.waitReady(t, done)
@@ -410,11 +406,7 @@ func TestScriptLogLines(t *testing.T) {
 	})
 	t.Run("fast path", func(t *testing.T) {
 		w := newWorld(t)
-		if err := w.kernel.Preload("nvidia", "nvidia_uvm", "nvidia_modeset"); err != nil {
-			t.Fatal(err)
-		}
-		os.MkdirAll(w.roots.InRun("nvidia"), 0o755)
-		os.WriteFile(w.roots.InRun("nvidia/nvidia-driver.state"), []byte("digest-1"), 0o644)
+		w.loadedWithDigest(t, "digest-1")
 		a := w.agent(t)
 		log := &messages{}
 		a.Log = slog.New(log)
