@@ -381,20 +381,27 @@ func (m *messages) inOrder(t *testing.T, want ...string) {
 	}
 }
 
+// runToReady runs a until it is Ready, stops it, and returns what it logged; a run that fails,
+// or fails to stop, fails the test.
+func (w *world) runToReady(t *testing.T, a *Agent) *messages {
+	t.Helper()
+	log := &messages{}
+	a.Log = slog.New(log)
+	cancel, done := startAgent(a)
+	defer cancel()
+	w.waitReady(t, done)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	return log
+}
+
 // TestScriptLogLines: the lines people grep the driver pod's log for, from NVIDIA's script.
 func TestScriptLogLines(t *testing.T) {
 	t.Run("full path", func(t *testing.T) {
 		w := newWorld(t)
-		a := w.agent(t, "--gpu-direct-rdma")
-		log := &messages{}
-		a.Log = slog.New(log)
-		cancel, done := startAgent(a)
-		defer cancel()
-		w.waitReady(t, done)
-		cancel()
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
+		log := w.runToReady(t, w.agent(t, "--gpu-direct-rdma"))
 		log.inOrder(t,
 			"Starting installation of NVIDIA driver version 535.309.01 for Linux kernel version 6.6.95-flatcar",
 			"Installing NVIDIA driver kernel modules...",
@@ -407,14 +414,7 @@ func TestScriptLogLines(t *testing.T) {
 	t.Run("fast path", func(t *testing.T) {
 		w := newWorld(t)
 		w.loadedWithDigest(t, "digest-1")
-		a := w.agent(t)
-		log := &messages{}
-		a.Log = slog.New(log)
-		cancel, done := startAgent(a)
-		defer cancel()
-		w.waitReady(t, done)
-		cancel()
-		<-done
+		log := w.runToReady(t, w.agent(t))
 		log.inOrder(t, "The NVIDIA driver is already loaded with the desired configuration, performing userspace-only install",
 			"Storing driver configuration digest...", "Userspace-only install complete", "Done, now waiting for signal")
 	})
