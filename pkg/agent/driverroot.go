@@ -22,12 +22,6 @@ import (
 // /lib/modules/<kver>.
 const driverRootModuleDir = "kernel/drivers/video"
 
-// installedModulesDir is where installModules puts the modules in the container root, which the
-// node sees as /run/nvidia/driver.
-func (r *run) installedModulesDir() string {
-	return r.Host.InRoot("lib/modules", r.facts.KernelRelease, driverRootModuleDir)
-}
-
 // modulesKept says where the modules in use are kept for the peermem sidecar: the module cache
 // that holds them, and where they are installed in the shared driver root as the node sees it.
 func (r *run) modulesKept() (cacheDir, driverRoot string) {
@@ -50,8 +44,9 @@ func (r *run) modulesKept() (cacheDir, driverRoot string) {
 // finds them. A modules.dep already there keeps its other lines. Teardown removes the files and
 // restores the index.
 func (r *run) installModules(files []modules.File) error {
-	dir := r.installedModulesDir()
-	moddir := filepath.Dir(filepath.Dir(filepath.Dir(dir))) // /lib/modules/<kver>
+	// In the container root, which the node sees as /run/nvidia/driver.
+	moddir := r.Host.InRoot("lib/modules", r.facts.KernelRelease)
+	dir := filepath.Join(moddir, driverRootModuleDir)
 	if r.cfg.DryRun {
 		var names []string
 		for _, f := range files {
