@@ -26,8 +26,12 @@ func (w *world) holdDevice(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(pid, "fd"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	os.Symlink("/dev/nvidia0", filepath.Join(pid, "fd/3"))
-	os.WriteFile(filepath.Join(pid, "comm"), []byte("python3\n"), 0o644)
+	if err := os.Symlink("/dev/nvidia0", filepath.Join(pid, "fd/3")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(pid, "comm"), []byte("python3\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // A driver of another configuration in use at start: the unload waits --unload-timeout (60s by
@@ -82,7 +86,9 @@ func (w *world) loadForeign(t *testing.T) {
 	t.Helper()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "gdrdrv.ko")
-	os.WriteFile(path, hosttest.ModuleELF("name=gdrdrv", "version=2.4", "depends=nvidia"), 0o644)
+	if err := os.WriteFile(path, hosttest.ModuleELF("name=gdrdrv", "version=2.4", "depends=nvidia"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if err := w.kernel.LoadModule(host.ModuleImage{Name: "gdrdrv", Path: path}); err != nil {
 		t.Fatal(err)
 	}

@@ -333,9 +333,15 @@ func (e *env) holdDevice(t *testing.T) {
 	t.Helper()
 	e.kernel.Use("nvidia", 1)
 	proc := e.roots.Proc
-	os.MkdirAll(filepath.Join(proc, "4242/fd"), 0o755)
-	os.Symlink("/dev/nvidia0", filepath.Join(proc, "4242/fd/3"))
-	os.WriteFile(filepath.Join(proc, "4242/comm"), []byte("python3\n"), 0o644)
+	if err := os.MkdirAll(filepath.Join(proc, "4242/fd"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/dev/nvidia0", filepath.Join(proc, "4242/fd/3")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(proc, "4242/comm"), []byte("python3\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // The wait for a driver in use is bounded by Timeout on the injected clock, every retry is logged
