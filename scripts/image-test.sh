@@ -24,9 +24,10 @@ set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
 WORK=${DRIVER_AGENT_IMAGE_WORK:-/var/tmp/driver-agent-image}
-SOURCES=${DRIVER_AGENT_NVIDIA_SOURCES:-/tmp/driver-agent-nvidia-sources}
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 SUITE=$(. /etc/os-release && echo "${VERSION_CODENAME:?}")
+# The same <dir>/<suite> as make nvidia-test's, so the suite's sources are downloaded into one place.
+SOURCES=${DRIVER_AGENT_NVIDIA_SOURCES:-/tmp/driver-agent-nvidia-sources}/$SUITE
 GO_VERSION=$(sed -n 's/^ARG GO_VERSION=//p' "$repo/Dockerfile.build")
 IMAGE=localhost/driver-agent-image-test
 BASE=localhost/driver-agent-image-test/debian:$SUITE
@@ -63,7 +64,7 @@ done
 mkdir -p "$WORK"
 
 # --- NVIDIA's kernel sources (Debian's) and the userspace packages -------------------------------
-version=$(bash "$repo/scripts/nvidia-sources.sh" "$SOURCES" | tail -n1)
+version=$(bash "$repo/scripts/nvidia-sources.sh" "$SOURCES" "$SUITE" | tail -n1)
 branch=${version%%.*}
 stage sources
 apt_dir="$WORK/apt"
