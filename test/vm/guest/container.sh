@@ -101,18 +101,9 @@ ctr_started() {
 }
 crun_gone() { ! alive "$CRUN_PID"; }
 
-# ctr_wait_ready SECONDS: the operator's Ready file says Ready and the agent logged that it waits
-# for a signal; 1 if the container ended or time ran out.
-ctr_wait_ready() {
-	local n=$(($1 * 10))
-	while [ "$n" -gt 0 ]; do
-		agent_ready "$CTR_LOG" && return 0
-		alive "$CRUN_PID" || return 1
-		usleep 100000
-		n=$((n - 1))
-	done
-	return 1
-}
+# ctr_wait_ready SECONDS: lib.sh's wait_ready on the container's log, watching crun; 1 if the
+# container ended or time ran out.
+ctr_wait_ready() { wait_ready "$CTR_LOG" "$1" "$CRUN_PID"; }
 
 # ctr_probe: the DaemonSet's startup probe as the kubelet runs it (crun exec, under the probe's
 # timeout); CTR_PROBE_RC and CTR_PROBE_OUT.

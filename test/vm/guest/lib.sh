@@ -124,12 +124,13 @@ agent_start() {
 # (the file alone may be a stale Ready left by an agent that was killed).
 agent_ready() { ready && grep -q "Done, now waiting for signal" "$1"; }
 
-# wait_ready LOG SECONDS: 0 once the agent is ready; 1 if it exited or time ran out.
+# wait_ready LOG SECONDS [PID]: 0 once the agent is ready; 1 if PID (default: the agent's) exited
+# or time ran out.
 wait_ready() {
-	local n=$(($2 * 10))
+	local n=$(($2 * 10)) pid=${3:-$AGENT_PID}
 	while [ "$n" -gt 0 ]; do
 		agent_ready "$1" && return 0
-		alive "$AGENT_PID" || return 1
+		alive "$pid" || return 1
 		usleep 100000
 		n=$((n - 1))
 	done
