@@ -117,18 +117,7 @@ func TestContainer(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Logf("initramfs %s: %.1f MiB in %s; image disk %s", g.name, float64(size)/(1<<20), since(t0), disk)
-		var live func(consoleLine)
-		if os.Getenv("DRIVER_AGENT_VM_CONSOLE") != "" {
-			live = func(l consoleLine) { fmt.Fprintf(os.Stderr, "[%s %6.2fs] %s\n", g.name, l.at.Seconds(), l.text) }
-		}
-		args := append(qemuArgs(h.tl.vmlinuz, initrd, g.memMiB), "-drive", "file="+disk+",if=virtio,format=raw,readonly=on")
-		res := bootArgs(context.Background(), h.tl.qemu, args, g.timeout, live)
-		if dir := os.Getenv("DRIVER_AGENT_VM_LOGDIR"); dir != "" {
-			if err := os.WriteFile(filepath.Join(dir, "vm-"+g.name+".log"), []byte(res.log()), 0o644); err != nil {
-				t.Logf("writing the console log: %v", err)
-			}
-		}
-		h.check(t, g, res)
+		h.check(t, g, h.bootInitrd(t, g, initrd, "-drive", "file="+disk+",if=virtio,format=raw,readonly=on"))
 	})
 	h.timings = append(h.timings, fmt.Sprintf("total %s", since(start)))
 	t.Logf("timings:\n  %s", strings.Join(h.timings, "\n  "))

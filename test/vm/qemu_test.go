@@ -54,13 +54,8 @@ func qemuArgs(kernel, initrd string, memMiB int) []string {
 	}
 }
 
-// boot runs qemu with memMiB of memory (0: defaultMemMiB) until the guest powers off, reading
-// the console, and kills it after timeout. live, when not nil, gets each line as it arrives.
-func boot(ctx context.Context, qemu, kernel, initrd string, memMiB int, timeout time.Duration, live func(consoleLine)) bootResult {
-	return bootArgs(ctx, qemu, qemuArgs(kernel, initrd, memMiB), timeout, live)
-}
-
-// bootArgs is boot with qemu's whole command line given (qemuArgs and more).
+// bootArgs runs qemu with its command line args (qemuArgs and more) until the guest powers off,
+// reading the console, and kills it after timeout. live, when not nil, gets each line as it arrives.
 func bootArgs(ctx context.Context, qemu string, args []string, timeout time.Duration, live func(consoleLine)) bootResult {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()

@@ -263,14 +263,15 @@ func (h *harness) boot(t *testing.T, g group) bootResult {
 	return h.bootInitrd(t, g, initrd)
 }
 
-// bootInitrd boots the initramfs file for g.
-func (h *harness) bootInitrd(t *testing.T, g group, initrd string) bootResult {
+// bootInitrd boots the initramfs file for g, with qemu arguments added to qemuArgs' (a disk).
+func (h *harness) bootInitrd(t *testing.T, g group, initrd string, qemu ...string) bootResult {
 	t.Helper()
 	var live func(consoleLine)
 	if os.Getenv("DRIVER_AGENT_VM_CONSOLE") != "" {
 		live = func(l consoleLine) { fmt.Fprintf(os.Stderr, "[%s %6.2fs] %s\n", g.name, l.at.Seconds(), l.text) }
 	}
-	res := boot(context.Background(), h.tl.qemu, h.tl.vmlinuz, initrd, g.memMiB, g.timeout, live)
+	args := append(qemuArgs(h.tl.vmlinuz, initrd, g.memMiB), qemu...)
+	res := bootArgs(context.Background(), h.tl.qemu, args, g.timeout, live)
 	if dir := os.Getenv("DRIVER_AGENT_VM_LOGDIR"); dir != "" {
 		if err := os.WriteFile(filepath.Join(dir, "vm-"+h.tl.name+"-"+g.name+".log"), []byte(res.log()), 0o644); err != nil {
 			t.Logf("writing the console log: %v", err)
