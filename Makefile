@@ -45,7 +45,9 @@ images-test:
 # made by mmdebstrap, NVIDIA's downloads served from 127.0.0.1 (a makeself .run of Debian's NVIDIA
 # 535 sources and userspace, a signed apt repository of stand-in fabric manager packages); the
 # image is checked and its root left in $(DRIVER_AGENT_IMAGE_WORK)/rootfs.ext4 for the VM's
-# container scenarios (TestContainer, run by vm-test). See test/vm/README.md.
+# container scenarios (TestContainer, run by vm-test). The NVIDIA sources are downloaded into
+# $(DRIVER_AGENT_NVIDIA_SOURCES)/<this machine's suite>, where nvidia-test reads them. See
+# test/vm/README.md.
 DRIVER_AGENT_IMAGE_WORK ?= /var/tmp/driver-agent-image
 image-test:
 	DRIVER_AGENT_IMAGE_WORK=$(DRIVER_AGENT_IMAGE_WORK) DRIVER_AGENT_NVIDIA_SOURCES=$(DRIVER_AGENT_NVIDIA_SOURCES) bash scripts/image-test.sh
