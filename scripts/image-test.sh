@@ -199,6 +199,7 @@ stage "base images"
 # --- the build -----------------------------------------------------------------------------------
 tag="$IMAGE:$version"
 agent_version=$(git -C "$repo" describe --tags --always --dirty 2>/dev/null || echo dev)
+revision=$(git -C "$repo" rev-parse HEAD 2>/dev/null || true) # read once: the label check must not see a later HEAD
 "${BUILDAH[@]}" bud --isolation chroot --pull=never --layers=false -f "$repo/Dockerfile.build" \
 	--build-arg BASE_IMAGE="$BASE" \
 	--build-arg TARGETOS=linux --build-arg TARGETARCH=amd64 \
@@ -208,7 +209,7 @@ agent_version=$(git -C "$repo" describe --tags --always --dirty 2>/dev/null || e
 	--build-arg CUDA_REPO_BASE="http://127.0.0.1:$port/cuda" \
 	--build-arg GCC_MAJOR="$(gcc -dumpversion | cut -d. -f1)" \
 	--build-arg VERSION="$agent_version" \
-	--build-arg REVISION="$(git -C "$repo" rev-parse HEAD 2>/dev/null || true)" \
+	--build-arg REVISION="$revision" \
 	-t "$tag" "$repo" >"$WORK/build.log" 2>&1 || { tail -30 "$WORK/build.log" >&2; die "buildah bud of Dockerfile.build failed (whole log: $WORK/build.log)"; }
 stage "image build"
 "${BUILDAH[@]}" rmi --prune >/dev/null 2>&1 || true # the images earlier runs tagged
@@ -227,7 +228,7 @@ check "env DRIVER_VERSION=$version NVIDIA_VISIBLE_DEVICES=void" eq \
 	"DRIVER_VERSION=$version NVIDIA_VISIBLE_DEVICES=void "
 label() { inspect "{{index .OCIv1.Config.Labels \"$1\"}}"; }
 check "labels driver-version $version, kind build, base.name $BASE, title, source, version, revision" sh -c \
-	"test '$(label io.driver-agent.driver-version)/$(label io.driver-agent.kind)/$(label org.opencontainers.image.base.name)' = '$version/build/$BASE' && test -n '$(label org.opencontainers.image.title)' -a -n '$(label org.opencontainers.image.source)' -a -n '$(label org.opencontainers.image.version)' -a '$(label org.opencontainers.image.revision)' = '$(git -C "$repo" rev-parse HEAD)'"
+	"test '$(label io.driver-agent.driver-version)/$(label io.driver-agent.kind)/$(label org.opencontainers.image.base.name)' = '$version/build/$BASE' && test -n '$(label org.opencontainers.image.title)' -a -n '$(label org.opencontainers.image.source)' -a -n '$(label org.opencontainers.image.version)' -a '$(label org.opencontainers.image.revision)' = '$revision'"
 check "nvidia-driver is a link to driver-agent" eq "$(readlink "$root/usr/local/bin/nvidia-driver")" driver-agent
 check "driver-agent is static (no PT_INTERP)" sh -c "! readelf -l '$root/usr/local/bin/driver-agent' | grep -q INTERP"
 check "nvidia-driver version runs in the image and says $agent_version" sh -c "chroot '$root' /usr/local/bin/nvidia-driver version | grep -qF -- '$agent_version'"
