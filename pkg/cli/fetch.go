@@ -43,18 +43,44 @@ type repeated []string
 func (r *repeated) String() string     { return strings.Join(*r, " ") }
 func (r *repeated) Set(v string) error { *r = append(*r, v); return nil }
 
+// releaseFlags are the flags naming a Flatcar release and how to fetch it, which fetch-build-tree
+// and sysext share.
+type releaseFlags struct {
+	rel      flatcar.Release
+	urls     repeated
+	keyFile  string
+	insecure bool
+}
+
+func (r *releaseFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&r.rel.Version, "flatcar-version", "", "")
+	fs.StringVar(&r.rel.Board, "board", "amd64-usr", "")
+	fs.StringVar(&r.rel.Channel, "channel", "", "")
+	fs.Var(&r.urls, "flatcar-release-url", "")
+	fs.StringVar(&r.keyFile, "flatcar-signing-key", "", "")
+	fs.BoolVar(&r.insecure, "insecure-skip-verify", false, "")
+}
+
+// fetcher makes the Fetcher the flags ask for; its errors are usage errors.
+func (r *releaseFlags) fetcher(log *slog.Logger) (*flatcar.Fetcher, error) {
+	opts := flatcar.Options{URLs: r.urls, InsecureSkipVerify: r.insecure, Log: log}
+	if r.keyFile != "" {
+		key, err := os.ReadFile(r.keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("--flatcar-signing-key: %w", err)
+		}
+		opts.Keyring = key
+	}
+	return flatcar.New(opts)
+}
+
 // runFetch runs `driver-agent fetch-build-tree`.
 func runFetch(ctx context.Context, prog string, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet(prog+" fetch-build-tree", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	var rel flatcar.Release
-	var urls repeated
-	fs.StringVar(&rel.Version, "flatcar-version", "", "")
-	fs.StringVar(&rel.Board, "board", "amd64-usr", "")
-	fs.StringVar(&rel.Channel, "channel", "", "")
-	fs.Var(&urls, "flatcar-release-url", "")
-	keyFile := fs.String("flatcar-signing-key", "", "")
-	insecure := fs.Bool("insecure-skip-verify", false, "")
+	var flags releaseFlags
+	flags.register(fs)
+	rel := &flags.rel
 	out := fs.String("o", "", "")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -80,22 +106,15 @@ func runFetch(ctx context.Context, prog string, args []string, stdout, stderr io
 	if err := rel.Validate(); err != nil {
 		return usageErr("%v", err)
 	}
-	opts := flatcar.Options{URLs: urls, InsecureSkipVerify: *insecure, Log: slog.New(slog.NewTextHandler(stderr, nil))}
-	if *keyFile != "" {
-		key, err := os.ReadFile(*keyFile)
-		if err != nil {
-			return usageErr("--flatcar-signing-key: %v", err)
-		}
-		opts.Keyring = key
-	}
-	f, err := flatcar.New(opts)
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	f, err := flags.fetcher(log)
 	if err != nil {
 		return usageErr("%v", err)
 	}
 	if ents, err := os.ReadDir(*out); err == nil && len(ents) > 0 {
 		return usageErr("-o %s is not empty; give a missing or empty directory", *out)
 	}
-	if err := fetchBuildTree(ctx, f, rel, *out, opts.Log); err != nil {
+	if err := fetchBuildTree(ctx, f, *rel, *out, log); err != nil {
 		fmt.Fprintf(stderr, "%s fetch-build-tree: %v\n", prog, err)
 		if rmErr := os.RemoveAll(*out); rmErr != nil {
 			fmt.Fprintf(stderr, "%s fetch-build-tree: removing %s: %v\n", prog, *out, rmErr)

@@ -68,14 +68,9 @@ func runSysext(ctx context.Context, prog string, args, environ []string, stdout,
 	}
 	fs := flag.NewFlagSet(prog+" sysext", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	var rel flatcar.Release
-	var urls repeated
-	fs.StringVar(&rel.Version, "flatcar-version", "", "")
-	fs.StringVar(&rel.Board, "board", "amd64-usr", "")
-	fs.StringVar(&rel.Channel, "channel", "", "")
-	fs.Var(&urls, "flatcar-release-url", "")
-	keyFile := fs.String("flatcar-signing-key", "", "")
-	insecure := fs.Bool("insecure-skip-verify", false, "")
+	var flags releaseFlags
+	flags.register(fs)
+	rel := &flags.rel
 	tree := fs.String("kernel-build-tree", "", "")
 	source := fs.String("source", "", "")
 	moduleType := fs.String("kernel-module-type", env["KERNEL_MODULE_TYPE"], "")
@@ -144,15 +139,7 @@ func runSysext(ctx context.Context, prog string, args, environ []string, stdout,
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	var fetcher *flatcar.Fetcher
 	if *tree == "" {
-		opts := flatcar.Options{URLs: urls, InsecureSkipVerify: *insecure, Log: log}
-		if *keyFile != "" {
-			key, err := os.ReadFile(*keyFile)
-			if err != nil {
-				return fail(2, "--flatcar-signing-key: %v", err)
-			}
-			opts.Keyring = key
-		}
-		if fetcher, err = flatcar.New(opts); err != nil {
+		if fetcher, err = flags.fetcher(log); err != nil {
 			return fail(2, "%v", err)
 		}
 	}
@@ -170,7 +157,7 @@ func runSysext(ctx context.Context, prog string, args, environ []string, stdout,
 	banner := ""
 	if *tree == "" {
 		dl := filepath.Join(tmp, "flatcar")
-		if err := fetchBuildTree(ctx, fetcher, rel, dl, log); err != nil {
+		if err := fetchBuildTree(ctx, fetcher, *rel, dl, log); err != nil {
 			return fail(1, "Flatcar %s: %v", rel.Version, err)
 		}
 		*tree = filepath.Join(dl, "build")
