@@ -10,9 +10,10 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
-	"path"
 	"sort"
 	"strings"
+
+	"github.com/driver-agent/driver-agent/pkg/modfile"
 )
 
 // Entry is one line of modules.dep: a module's path, relative to /lib/modules/<kver>, and the
@@ -24,16 +25,7 @@ type Entry struct {
 
 // Name is the module name modprobe looks the entry up by: the file name without .ko (and a
 // compression suffix), dashes made underscores.
-func (e Entry) Name() string { return ModuleName(e.Path) }
-
-// ModuleName turns a module file path into the kernel's name for it.
-func ModuleName(p string) string {
-	b := path.Base(p)
-	for _, ext := range []string{".xz", ".zst", ".gz"} {
-		b = strings.TrimSuffix(b, ext)
-	}
-	return strings.ReplaceAll(strings.TrimSuffix(b, ".ko"), "-", "_")
-}
+func (e Entry) Name() string { return modfile.NameFromPath(e.Path) }
 
 // maxLine bounds one modules.dep line.
 const maxLine = 1 << 20

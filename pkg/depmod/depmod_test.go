@@ -37,8 +37,8 @@ func TestDepRoundTrip(t *testing.T) {
 			t.Errorf("Parse(%q) accepted it", bad)
 		}
 	}
-	if ModuleName("kernel/drivers/video/nvidia-peermem.ko") != "nvidia_peermem" || ModuleName("x/ipmi_devintf.ko.zst") != "ipmi_devintf" {
-		t.Error("ModuleName")
+	if (Entry{Path: "kernel/drivers/video/nvidia-peermem.ko"}).Name() != "nvidia_peermem" || (Entry{Path: "x/ipmi_devintf.ko.zst"}).Name() != "ipmi_devintf" {
+		t.Error("Entry.Name")
 	}
 }
 
