@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path"
 	"path/filepath"
 	"slices"
@@ -576,7 +577,7 @@ func (o Options) squash(ctx context.Context, dir, name string) (string, error) {
 	if prog == "" {
 		prog = "mksquashfs"
 	}
-	resolved, err := lookPath(prog)
+	resolved, err := exec.LookPath(prog)
 	if err != nil {
 		return "", fmt.Errorf("sysext: %w: %s not found (install squashfs-tools): %w", ErrInput, prog, err)
 	}
@@ -605,22 +606,6 @@ func (o Options) squash(ctx context.Context, dir, name string) (string, error) {
 		return "", fmt.Errorf("sysext: mksquashfs: %w: %s", err, strings.TrimSpace(lastLines(string(out), 10)))
 	}
 	return tmp, nil
-}
-
-func lookPath(prog string) (string, error) {
-	if strings.Contains(prog, "/") {
-		if _, err := os.Stat(prog); err != nil {
-			return "", err
-		}
-		return prog, nil
-	}
-	for _, d := range filepath.SplitList(os.Getenv("PATH")) {
-		p := filepath.Join(d, prog)
-		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
-			return p, nil
-		}
-	}
-	return "", fs.ErrNotExist
 }
 
 func lastLines(s string, n int) string {
