@@ -114,7 +114,7 @@ func runFetch(ctx context.Context, prog string, args []string, stdout, stderr io
 	if ents, err := os.ReadDir(*out); err == nil && len(ents) > 0 {
 		return usageErr("-o %s is not empty; give a missing or empty directory", *out)
 	}
-	if err := fetchBuildTree(ctx, f, *rel, *out, log); err != nil {
+	if _, err := fetchBuildTree(ctx, f, *rel, *out, log); err != nil {
 		fmt.Fprintf(stderr, "%s fetch-build-tree: %v\n", prog, err)
 		if rmErr := os.RemoveAll(*out); rmErr != nil {
 			fmt.Fprintf(stderr, "%s fetch-build-tree: removing %s: %v\n", prog, *out, rmErr)
@@ -125,36 +125,37 @@ func runFetch(ctx context.Context, prog string, args []string, stdout, stderr io
 	return 0
 }
 
-func fetchBuildTree(ctx context.Context, f *flatcar.Fetcher, rel flatcar.Release, out string, log *slog.Logger) error {
+// fetchBuildTree downloads rel's kernel and build tree into out and returns the kernel's banner.
+func fetchBuildTree(ctx context.Context, f *flatcar.Fetcher, rel flatcar.Release, out string, log *slog.Logger) (banner string, err error) {
 	if err := os.MkdirAll(out, 0o755); err != nil {
-		return err
+		return "", err
 	}
 	image := filepath.Join(out, flatcar.KernelImage)
 	if _, err := f.File(ctx, rel, flatcar.KernelImage, image); err != nil {
-		return err
+		return "", err
 	}
 	res, err := vmlinuz.BannerFile(image, vmlinuz.Options{})
 	if err != nil {
-		return err
+		return "", err
 	}
 	fields := strings.Fields(res.Banner)
 	if len(fields) < 3 {
-		return fmt.Errorf("%s: banner %q names no kernel release", image, res.Banner)
+		return "", fmt.Errorf("%s: banner %q names no kernel release", image, res.Banner)
 	}
 	kver := fields[2]
 	log.Info("Flatcar kernel", "release", kver, "banner", res.Banner)
 	tree, err := f.BuildTree(ctx, rel, kver, filepath.Join(out, "tree"))
 	if err != nil {
-		return err
+		return "", err
 	}
 	r, err := relocate.Tree(ctx, tree.BuildDir, relocate.Options{Sysroot: tree.Root, Log: log})
 	if err != nil {
-		return err
+		return "", err
 	}
 	log.Info("build helpers ready", "relocated", len(r.Relocated), "runnable", len(r.Runnable), "static", len(r.Static))
 	link, err := filepath.Rel(out, tree.BuildDir)
 	if err != nil {
-		return err
+		return "", err
 	}
-	return os.Symlink(link, filepath.Join(out, "build"))
+	return res.Banner, os.Symlink(link, filepath.Join(out, "build"))
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/driver-agent/driver-agent/pkg/build"
 	"github.com/driver-agent/driver-agent/pkg/flatcar"
 	"github.com/driver-agent/driver-agent/pkg/sysext"
-	"github.com/driver-agent/driver-agent/pkg/vmlinuz"
 )
 
 func sysextUsage(w io.Writer, prog string) {
@@ -157,15 +156,10 @@ func runSysext(ctx context.Context, prog string, args, environ []string, stdout,
 	banner := ""
 	if *tree == "" {
 		dl := filepath.Join(tmp, "flatcar")
-		if err := fetchBuildTree(ctx, fetcher, *rel, dl, log); err != nil {
+		if banner, err = fetchBuildTree(ctx, fetcher, *rel, dl, log); err != nil {
 			return fail(1, "Flatcar %s: %v", rel.Version, err)
 		}
 		*tree = filepath.Join(dl, "build")
-		res, err := vmlinuz.BannerFile(filepath.Join(dl, flatcar.KernelImage), vmlinuz.Options{})
-		if err != nil {
-			return fail(1, "%v", err)
-		}
-		banner = res.Banner
 	}
 	uts, err := os.ReadFile(filepath.Join(*tree, "include", "generated", "utsrelease.h"))
 	if err != nil {
