@@ -31,15 +31,7 @@ func TestFetchBuildTree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := flatcartest.ReleaseDir("stable", "amd64-usr", "4230.2.1")
-	if err := srv.PublishAs(dir, flatcar.KernelImage, image); err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Publish(dir, tb); err != nil {
-		t.Fatal(err)
-	}
-	keyFile := filepath.Join(t.TempDir(), "key.asc")
-	os.WriteFile(keyFile, key.ArmoredPublicKey(), 0o644)
+	keyFile := publishRelease(t, srv, key, flatcartest.ReleaseDir("stable", "amd64-usr", "4230.2.1"), image, tb)
 	out := filepath.Join(t.TempDir(), "flatcar")
 	args := []string{"fetch-build-tree", "--flatcar-version", "4230.2.1", "--channel", "stable", "--flatcar-release-url", srv.URLTemplate(), "--flatcar-signing-key", keyFile, "-o", out}
 	code, stdout, stderr := runCLI(args...)
@@ -66,4 +58,21 @@ func TestFetchBuildTree(t *testing.T) {
 	if code, _, stderr := runCLI("fetch-build-tree", "-o", out); code != 2 || !strings.Contains(stderr, "set --flatcar-version") {
 		t.Errorf("usage: exit %d, %s", code, stderr)
 	}
+}
+
+// publishRelease publishes the kernel image and build-tree tarball of a release in dir on srv,
+// and writes key's public half to the file it returns, for --flatcar-signing-key.
+func publishRelease(t *testing.T, srv *flatcartest.Server, key *flatcartest.Key, dir string, image, tarball []byte) string {
+	t.Helper()
+	if err := srv.PublishAs(dir, flatcar.KernelImage, image); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Publish(dir, tarball); err != nil {
+		t.Fatal(err)
+	}
+	keyFile := filepath.Join(t.TempDir(), "key.asc")
+	if err := os.WriteFile(keyFile, key.ArmoredPublicKey(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return keyFile
 }

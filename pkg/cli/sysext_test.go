@@ -10,7 +10,6 @@ import (
 	"testing"
 
 	"github.com/driver-agent/driver-agent/pkg/build/buildtest"
-	"github.com/driver-agent/driver-agent/pkg/flatcar"
 	"github.com/driver-agent/driver-agent/pkg/flatcar/flatcartest"
 	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
 	"github.com/driver-agent/driver-agent/pkg/modfile"
@@ -28,14 +27,7 @@ func TestSysextCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	source := filepath.Join(dir, "source")
-	if err := buildtest.WriteSource(context.Background(), source, tree); err != nil {
-		t.Fatal(err)
-	}
-	root := filepath.Join(dir, "root")
-	if err := sysexttest.UserspaceRoot(root, "0.0.1"); err != nil {
-		t.Fatal(err)
-	}
+	source, root := sysextInputs(t, dir, tree)
 	out := filepath.Join(dir, "out")
 	args := []string{"sysext", "--flatcar-version", "4593.2.0", "--kernel-build-tree", tree, "--source", source,
 		"--driver-version", "0.0.1", "--container-root", root, "-j", "2", "--work-dir", dir, "-o", out}
@@ -143,24 +135,9 @@ func TestSysextDownloads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := flatcartest.ReleaseDir("stable", "amd64-usr", "4593.2.0")
-	if err := srv.PublishAs(dir, flatcar.KernelImage, image); err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Publish(dir, tarball); err != nil {
-		t.Fatal(err)
-	}
 	work := t.TempDir()
-	keyFile := filepath.Join(work, "key.asc")
-	os.WriteFile(keyFile, key.ArmoredPublicKey(), 0o644)
-	source := filepath.Join(work, "source")
-	if err := buildtest.WriteSource(context.Background(), source, tree); err != nil {
-		t.Fatal(err)
-	}
-	root := filepath.Join(work, "root")
-	if err := sysexttest.UserspaceRoot(root, "0.0.1"); err != nil {
-		t.Fatal(err)
-	}
+	keyFile := publishRelease(t, srv, key, flatcartest.ReleaseDir("stable", "amd64-usr", "4593.2.0"), image, tarball)
+	source, root := sysextInputs(t, work, tree)
 	out := filepath.Join(work, "out")
 	code, stdout, stderr := runCLI("sysext", "--flatcar-version", "4593.2.0", "--flatcar-release-url", srv.URLTemplate(), "--flatcar-signing-key", keyFile,
 		"--source", source, "--driver-version", "0.0.1", "--container-root", root, "-j", "2", "--work-dir", work, "-o", out)
@@ -180,4 +157,19 @@ func TestSysextDownloads(t *testing.T) {
 	if ents, _ := filepath.Glob(filepath.Join(work, "driver-agent-sysext-*")); len(ents) != 0 {
 		t.Errorf("work directories left: %v", ents)
 	}
+}
+
+// sysextInputs writes under dir the stand-in driver source for tree and a container root with
+// its userspace (driver 0.0.1).
+func sysextInputs(t *testing.T, dir, tree string) (source, root string) {
+	t.Helper()
+	source = filepath.Join(dir, "source")
+	if err := buildtest.WriteSource(context.Background(), source, tree); err != nil {
+		t.Fatal(err)
+	}
+	root = filepath.Join(dir, "root")
+	if err := sysexttest.UserspaceRoot(root, "0.0.1"); err != nil {
+		t.Fatal(err)
+	}
+	return source, root
 }
