@@ -8,6 +8,8 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+
+	"github.com/driver-agent/driver-agent/pkg/kernel"
 )
 
 // Dirs are where systemd-sysext looks for extension images (NAME.raw) and directories (NAME),
@@ -87,12 +89,9 @@ func Find(root string, h Host) ([]Found, error) {
 }
 
 func readRelease(p string) (Release, error) {
-	data, err := os.ReadFile(p)
+	data, err := kernel.ReadLimit(p, 64<<10)
 	if err != nil {
 		return Release{}, err
-	}
-	if len(data) > 64<<10 {
-		return Release{}, fmt.Errorf("%s: larger than 64 KiB", p)
 	}
 	r, err := ParseRelease(data)
 	if err != nil {
