@@ -167,13 +167,10 @@ type Choice struct {
 // there is nothing to decide on and the branch's default applies.
 func Choose(gpus []GPU, l List, branch int) (Choice, error) {
 	var c Choice
-	def := Proprietary
-	if branch >= OpenDefaultBranch {
-		def = Open
-	}
+	def, rule := BranchRule(branch)
 	if len(gpus) == 0 {
 		c.Flavor = def
-		c.Reason = fmt.Sprintf("KERNEL_MODULE_TYPE=auto and no NVIDIA GPU on the PCI bus: the branch rule, %s", branchRule(branch))
+		c.Reason = fmt.Sprintf("KERNEL_MODULE_TYPE=auto and no NVIDIA GPU on the PCI bus: the branch rule, %s", rule)
 		return c, nil
 	}
 	var needOpen, lackOpen, legacy []string
@@ -237,16 +234,9 @@ func Check(flavor string, gpus []GPU, l List) []string {
 // BranchRule is the flavour chosen without GPU information, and why.
 func BranchRule(branch int) (string, string) {
 	if branch >= OpenDefaultBranch {
-		return Open, branchRule(branch)
+		return Open, fmt.Sprintf("branch %d >= %d defaults to open modules", branch, OpenDefaultBranch)
 	}
-	return Proprietary, branchRule(branch)
-}
-
-func branchRule(branch int) string {
-	if branch >= OpenDefaultBranch {
-		return fmt.Sprintf("branch %d >= %d defaults to open modules", branch, OpenDefaultBranch)
-	}
-	return fmt.Sprintf("branch %d < %d defaults to proprietary modules", branch, OpenDefaultBranch)
+	return Proprietary, fmt.Sprintf("branch %d < %d defaults to proprietary modules", branch, OpenDefaultBranch)
 }
 
 func describe(f string) string {
