@@ -23,11 +23,6 @@ type Roots struct {
 	DriversDir string // the operator's configuration directory ("/drivers")
 }
 
-// DefaultRoots are the paths the agent uses in its container.
-func DefaultRoots() Roots {
-	return Roots{Root: "/", HostRoot: "/proc/1/root", Proc: "/proc", Sys: "/sys", Dev: "/dev", Run: "/run", DriversDir: "/drivers"}
-}
-
 // InRoot joins elem under the container root.
 func (r Roots) InRoot(elem ...string) string { return join(r.Root, elem) }
 
