@@ -518,7 +518,7 @@ func (r *run) devicesPhase(context.Context) error {
 		}
 		modeset = true
 	}
-	nodes, err := devices.Plan(r.Host.Proc, r.Host.Dev, modeset)
+	nodes, err := devices.Plan(r.Host.Roots, modeset)
 	if err != nil {
 		return err
 	}

@@ -110,8 +110,9 @@ func parseMinor(data []byte) (uint32, error) {
 	return 0, errors.New("no \"Device Minor\" line")
 }
 
-// Plan lists the nodes the loaded driver needs, under dev.
-func Plan(proc, dev string, modeset bool) ([]Node, error) {
+// Plan lists the nodes the loaded driver needs under r.Dev, from the majors and GPUs in r.Proc.
+func Plan(r host.Roots, modeset bool) ([]Node, error) {
+	proc, dev := r.Proc, r.Dev
 	data, err := kernel.ReadSmall(filepath.Join(proc, "devices"))
 	if err != nil {
 		return nil, fmt.Errorf("device nodes: %w", err)

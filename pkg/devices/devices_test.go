@@ -90,7 +90,7 @@ DeviceFileMode: 292
 DeviceFileModify: 1
 `)
 	r := hosttest.Roots(t, dir)
-	nodes, err := Plan(r.Proc, r.Dev, true)
+	nodes, err := Plan(r, true)
 	if err != nil {
 		t.Fatal(err)
 	}

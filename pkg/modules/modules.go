@@ -328,7 +328,7 @@ func (u Unloader) holders(foreign []string) string {
 	for _, m := range foreign {
 		parts = append(parts, "module "+m+" (not loaded by driver-agent: stop what uses it, or set --unload-foreign-holders to unload it)")
 	}
-	users := Users(u.Host.Proc, u.Host.Dev)
+	users := Users(u.Host.Roots)
 	if len(users) > 0 || len(parts) == 0 {
 		parts = append(parts, describe(users))
 	}
@@ -386,8 +386,9 @@ func describe(users []User) string {
 	return strings.Join(parts, "; ")
 }
 
-// Users scans <proc>/*/fd for open NVIDIA device nodes.
-func Users(proc, dev string) []User {
+// Users scans r.Proc/*/fd for open NVIDIA device nodes (under /dev or r.Dev).
+func Users(r host.Roots) []User {
+	proc, dev := r.Proc, r.Dev
 	pids, _ := os.ReadDir(proc)
 	var users []User
 	for _, p := range pids {
