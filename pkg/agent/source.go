@@ -199,8 +199,8 @@ func (s *imageSource) Find(_ context.Context, f detect.Facts, flavor string) (De
 // compileOptions turns the configuration and the host's facts into the compile path's options.
 func (s *imageSource) compileOptions(f detect.Facts, flavor string) (compile.Options, error) {
 	o := compile.Options{
-		HostRoot: s.roots.HostRoot, KernelRelease: f.KernelRelease, Banner: f.Banner, DriverVersion: s.version,
-		Flatcar: f.Flatcar, SourceDir: s.srcDir(flavor), ProcDir: s.roots.Proc, SysDir: s.roots.Sys, Runner: s.buildRunner, Log: s.log,
+		Roots: s.roots, KernelRelease: f.KernelRelease, Banner: f.Banner, DriverVersion: s.version,
+		Flatcar: f.Flatcar, SourceDir: s.srcDir(flavor), Runner: s.buildRunner, Log: s.log,
 		Terminal: s.terminal,
 	}
 	if c := s.cfg; c != nil {

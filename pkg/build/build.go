@@ -132,12 +132,11 @@ type Options struct {
 	// skips the comparison.
 	Banner string
 	// Jobs is the number of parallel make jobs (MAX_THREADS); 0 means
-	// DefaultJobs(ProcDir, SysDir).
+	// DefaultJobs(Roots).
 	Jobs int
-	// ProcDir is procfs, read for the default number of jobs; "" means /proc.
-	ProcDir string
-	// SysDir is sysfs, read for the container's memory limit; "" means /sys.
-	SysDir string
+	// Roots.Proc (procfs, read for the default number of jobs) and Roots.Sys (sysfs, read for
+	// the container's memory limit) are the only roots the build reads; "" means /proc and /sys.
+	Roots host.Roots
 	// CC is the C compiler, a name looked up in PATH or a path. Empty means
 	// CC from Env, else "gcc" (what kbuild uses by default). It is passed
 	// to make as CC=<path>.
@@ -401,14 +400,14 @@ func newBuilder(o Options) (*builder, error) {
 	}
 	b.jobs = o.Jobs
 	if b.jobs == 0 {
-		proc, sys := o.ProcDir, o.SysDir
-		if proc == "" {
-			proc = "/proc"
+		r := host.Roots{Proc: o.Roots.Proc, Sys: o.Roots.Sys}
+		if r.Proc == "" {
+			r.Proc = "/proc"
 		}
-		if sys == "" {
-			sys = "/sys"
+		if r.Sys == "" {
+			r.Sys = "/sys"
 		}
-		b.jobs = DefaultJobs(proc, sys)
+		b.jobs = DefaultJobs(r)
 	}
 	return b, nil
 }

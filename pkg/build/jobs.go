@@ -4,10 +4,11 @@ import (
 	"bufio"
 	"io"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
+
+	"github.com/driver-agent/driver-agent/pkg/host"
 )
 
 // memoryPerJob is the memory one compile job is given when choosing the
@@ -21,19 +22,19 @@ const maxJobs = 1024
 // DefaultJobs returns the number of parallel build jobs used when none is
 // given (MAX_THREADS unset): the CPUs this process may use (GOMAXPROCS, which
 // follows the container's CPU limit), but no more than one job per 1.5 GiB of
-// memory, and at least one. The memory is MemTotal in procDir/meminfo or the
-// container's memory limit in sysDir/fs/cgroup (cgroup v2 memory.max, v1
+// memory, and at least one. The memory is MemTotal in r.Proc/meminfo or the
+// container's memory limit in r.Sys/fs/cgroup (cgroup v2 memory.max, v1
 // memory.limit_in_bytes), whichever is lower: a pod limited to 4 GiB on a
 // 64-core node must not start 64 compilers. When neither can be read the CPUs
 // alone decide.
-func DefaultJobs(procDir, sysDir string) int {
+func DefaultJobs(r host.Roots) int {
 	var mem uint64
-	if f, err := os.Open(filepath.Join(procDir, "meminfo")); err == nil {
+	if f, err := os.Open(r.InProc("meminfo")); err == nil {
 		mem, _ = ParseMemTotal(io.LimitReader(f, 64<<10))
 		f.Close()
 	}
 	for _, limit := range []string{"fs/cgroup/memory.max", "fs/cgroup/memory/memory.limit_in_bytes"} {
-		b, err := os.ReadFile(filepath.Join(sysDir, limit))
+		b, err := os.ReadFile(r.InSys(limit))
 		if err != nil {
 			continue
 		}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/driver-agent/driver-agent/pkg/build"
+	"github.com/driver-agent/driver-agent/pkg/host"
 )
 
 // Compiler strings as kernel banners and --version print them.
@@ -104,10 +105,10 @@ func TestDefaultJobs(t *testing.T) {
 	}
 	proc, sys := t.TempDir(), t.TempDir()
 	write(proc, "meminfo", "MemTotal:        1610613 kB\nMemFree: 1 kB\n")
-	if got := build.DefaultJobs(proc, sys); got != 1 { // 1.5 GiB + a little: one job whatever the CPUs
+	if got := build.DefaultJobs(host.Roots{Proc: proc, Sys: sys}); got != 1 { // 1.5 GiB + a little: one job whatever the CPUs
 		t.Errorf("DefaultJobs = %d, want 1", got)
 	}
-	if got := build.DefaultJobs(t.TempDir(), t.TempDir()); got != cpus {
+	if got := build.DefaultJobs(host.Roots{Proc: t.TempDir(), Sys: t.TempDir()}); got != cpus {
 		t.Errorf("DefaultJobs without meminfo = %d, want the CPU count %d", got, cpus)
 	}
 
@@ -118,18 +119,18 @@ func TestDefaultJobs(t *testing.T) {
 	write(v2, "fs/cgroup/memory.max", "1610612736\n")
 	write(v1, "fs/cgroup/memory/memory.limit_in_bytes", "1610612736\n")
 	for _, sys := range []string{v2, v1} {
-		if got := build.DefaultJobs(big, sys); got != 1 {
+		if got := build.DefaultJobs(host.Roots{Proc: big, Sys: sys}); got != 1 {
 			t.Errorf("DefaultJobs with a 1.5 GiB cgroup limit (%s) = %d, want 1", sys, got)
 		}
 	}
 	// No limit ("max", v1's huge number) leaves MemTotal to decide.
 	unlimited := t.TempDir()
 	write(unlimited, "fs/cgroup/memory.max", "max\n")
-	if got := build.DefaultJobs(big, unlimited); got != cpus {
+	if got := build.DefaultJobs(host.Roots{Proc: big, Sys: unlimited}); got != cpus {
 		t.Errorf("DefaultJobs with memory.max = max: %d, want %d", got, cpus)
 	}
 	write(v1, "fs/cgroup/memory/memory.limit_in_bytes", "9223372036854771712\n")
-	if got := build.DefaultJobs(big, v1); got != cpus {
+	if got := build.DefaultJobs(host.Roots{Proc: big, Sys: v1}); got != cpus {
 		t.Errorf("DefaultJobs with v1's unlimited value: %d, want %d", got, cpus)
 	}
 }

@@ -25,8 +25,9 @@ var ErrImpossible = errors.New("no way to get a kernel build tree")
 
 // Options configures Plan and Run.
 type Options struct {
-	// HostRoot is the host's root filesystem, searched for the host's own build tree.
-	HostRoot string
+	// Roots.HostRoot is the host's root filesystem, searched for the host's own build tree;
+	// Roots.Proc and Roots.Sys are passed to the build (see build.Options.Roots).
+	Roots host.Roots
 	// KernelBuildTree is a tree given with --kernel-build-tree, tried after the host's.
 	KernelBuildTree string
 	// KernelRelease and Banner are the running kernel's release and /proc/version first line.
@@ -44,11 +45,9 @@ type Options struct {
 	// WorkDir is private to this run (it must not exist, or be empty); the download and the build
 	// go there, and the caller removes it.
 	WorkDir string
-	// Jobs, CC, ProcDir and SysDir are passed to the build (see build.Options).
-	Jobs    int
-	CC      string
-	ProcDir string
-	SysDir  string
+	// Jobs and CC are passed to the build (see build.Options).
+	Jobs int
+	CC   string
 	// Runner runs every child process (patchelf, the helpers' checks, make, the compiler).
 	Runner host.Runner
 	// Log receives progress; nil discards it.
@@ -94,7 +93,7 @@ func (o *Options) imageTag() string {
 // Plan says, reading only, where the build tree would come from: a local tree, or the release
 // server's first candidate URL. It returns an error wrapping ErrImpossible when there is none.
 func Plan(o Options) (string, error) {
-	t, skipped, err := localTree(o.HostRoot, o.KernelBuildTree, o.KernelRelease)
+	t, skipped, err := localTree(o.Roots.HostRoot, o.KernelBuildTree, o.KernelRelease)
 	switch {
 	case err == nil:
 		return fmt.Sprintf("compile against the build tree at %s (%s)", t.Dir, t.From), nil
@@ -135,7 +134,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		return res, fmt.Errorf("work dir: %w", err)
 	}
 	log.Info("Installing the Flatcar kernel sources into the development environment...", "kernel", o.KernelRelease)
-	t, skipped, err := localTree(o.HostRoot, o.KernelBuildTree, o.KernelRelease)
+	t, skipped, err := localTree(o.Roots.HostRoot, o.KernelBuildTree, o.KernelRelease)
 	for _, s := range skipped {
 		log.Warn("kernel build tree passed over", "why", s)
 	}
@@ -151,7 +150,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		if err := build.CopyTree(ctx, t.Dir, cp); err != nil {
 			return res, fmt.Errorf("copy the host's kernel build tree %s: %w", t.Dir, err)
 		}
-		t.Dir, t.Sysroot = cp, o.HostRoot
+		t.Dir, t.Sysroot = cp, o.Roots.HostRoot
 	case err == nil:
 		log.Info("using the kernel build tree", "dir", t.Dir, "from", t.From)
 	case !errors.Is(err, ErrNoTree):
@@ -177,7 +176,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	res.LogFile = filepath.Join(o.WorkDir, "build.log")
 	res.Modules, err = build.Modules(ctx, build.Options{
 		SourceDir: o.SourceDir, BuildTree: t.Dir, KernelRelease: o.KernelRelease, Banner: o.Banner,
-		Jobs: o.Jobs, ProcDir: o.ProcDir, SysDir: o.SysDir, CC: o.CC, WorkDir: filepath.Join(o.WorkDir, "build"), LogFile: res.LogFile,
+		Jobs: o.Jobs, Roots: o.Roots, CC: o.CC, WorkDir: filepath.Join(o.WorkDir, "build"), LogFile: res.LogFile,
 		Runner: o.Runner, Log: log, Terminal: o.Terminal,
 	})
 	res.BuildTime = time.Since(start)

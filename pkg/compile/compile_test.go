@@ -19,6 +19,7 @@ import (
 	"github.com/driver-agent/driver-agent/pkg/extract"
 	"github.com/driver-agent/driver-agent/pkg/flatcar"
 	"github.com/driver-agent/driver-agent/pkg/flatcar/flatcartest"
+	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/modfile"
 )
 
@@ -54,7 +55,7 @@ func server(t *testing.T) (srv *flatcartest.Server, release, tree string) {
 
 func options(t *testing.T, srv *flatcartest.Server, release string) Options {
 	return Options{
-		HostRoot: t.TempDir(), KernelRelease: release, DriverVersion: "535.261.03", Flatcar: testRelease,
+		Roots: host.Roots{HostRoot: t.TempDir()}, KernelRelease: release, DriverVersion: "535.261.03", Flatcar: testRelease,
 		Fetch:   flatcar.Options{URLs: []string{srv.URLTemplate()}, Keyring: srv.Key.ArmoredPublicKey(), RetryBase: time.Millisecond, RetryMax: time.Millisecond},
 		WorkDir: filepath.Join(t.TempDir(), "work"), Jobs: 2,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
@@ -145,7 +146,7 @@ func TestRunNotFoundNamesTheImage(t *testing.T) {
 
 // TestRunWithoutAnyTree: not Flatcar, no host tree, no --kernel-build-tree.
 func TestRunWithoutAnyTree(t *testing.T) {
-	o := Options{HostRoot: t.TempDir(), KernelRelease: "6.8.0-1-generic", WorkDir: filepath.Join(t.TempDir(), "w")}
+	o := Options{Roots: host.Roots{HostRoot: t.TempDir()}, KernelRelease: "6.8.0-1-generic", WorkDir: filepath.Join(t.TempDir(), "w")}
 	for name, f := range map[string]func() error{
 		"Plan": func() error { _, err := Plan(o); return err },
 		"Run":  func() error { _, err := Run(context.Background(), o); return err },
@@ -164,8 +165,8 @@ func TestRunHostTreeIsCopied(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	host := t.TempDir()
-	hostTree := filepath.Join(host, "usr/lib/modules", release, "build")
+	hostRoot := t.TempDir()
+	hostTree := filepath.Join(hostRoot, "usr/lib/modules", release, "build")
 	if err := os.MkdirAll(hostTree, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +186,7 @@ func TestRunHostTreeIsCopied(t *testing.T) {
 	if _, err := extract.Tar(context.Background(), zr, hostTree, extract.Options{}); err != nil {
 		t.Fatal(err)
 	}
-	o := Options{HostRoot: host, KernelRelease: release, WorkDir: filepath.Join(t.TempDir(), "w"), Jobs: 2,
+	o := Options{Roots: host.Roots{HostRoot: hostRoot}, KernelRelease: release, WorkDir: filepath.Join(t.TempDir(), "w"), Jobs: 2,
 		SourceDir: filepath.Join(t.TempDir(), "kernel")}
 	if err := buildtest.WriteSource(context.Background(), o.SourceDir, tree); err != nil {
 		t.Fatal(err)

@@ -31,6 +31,7 @@ import (
 	"github.com/driver-agent/driver-agent/pkg/detect"
 	"github.com/driver-agent/driver-agent/pkg/flatcar"
 	"github.com/driver-agent/driver-agent/pkg/flatcar/flatcartest"
+	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/link"
 	"github.com/driver-agent/driver-agent/pkg/modfile"
 	"github.com/driver-agent/driver-agent/pkg/precompiled"
@@ -365,7 +366,7 @@ func (nv *nvidiaRun) compileOptions(t *testing.T, rec *records, term io.Writer, 
 	lw := &lineLog{t: t, prefix: "agent " + flavour + ": "}
 	log := slog.New(rec.handler(slog.NewTextHandler(lw, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	return compile.Options{
-		HostRoot: hostRoot, KernelRelease: nv.h.tl.abi, Banner: nv.banner,
+		Roots: host.Roots{HostRoot: hostRoot}, KernelRelease: nv.h.tl.abi, Banner: nv.banner,
 		DriverVersion: nv.src.version, Flatcar: nvidiaRelease, SourceDir: nv.src.flavour(flavour),
 		WorkDir: filepath.Join(nv.h.work, "compile-"+flavour), Log: log, Terminal: term,
 		CC: nv.h.tl.cc, // the image's compiler for the kernel's generation ("" is gcc)
