@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"path"
 	"path/filepath"
 	"slices"
@@ -87,7 +86,7 @@ func (r *run) installModules(files []modules.File) error {
 	entries = slices.DeleteFunc(entries, func(e depmod.Entry) bool { _, ours := rel[e.Name()]; return ours })
 	for _, f := range files {
 		to := filepath.Join(moddir, rel[f.Image.Name])
-		if err := linkOrCopy(f.Image.Path, to); err != nil {
+		if err := r.linkOrCopy(f.Image.Path, to); err != nil {
 			return fmt.Errorf("%w: driver root: %w", exitcode.ErrModuleLoad, err)
 		}
 		copied = append(copied, to)
@@ -109,14 +108,14 @@ func (r *run) installModules(files []modules.File) error {
 
 // linkOrCopy hard-links src at dst when both are on one filesystem (a module linked in the work
 // dir), and copies it otherwise (a module from the host cache).
-func linkOrCopy(src, dst string) error {
-	if err := os.Remove(dst); err != nil && !errors.Is(err, fs.ErrNotExist) {
+func (r *run) linkOrCopy(src, dst string) error {
+	if err := r.Host.Files.Remove(dst); err != nil {
 		return err
 	}
-	if os.Link(src, dst) == nil {
+	if r.Host.Files.Link(src, dst) == nil {
 		return nil
 	}
-	return copyFile(src, dst)
+	return r.Host.Files.CopyFile(src, dst, 0o644)
 }
 
 // restore puts back a file as it was before the run: rewritten, or removed when it did not exist.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -66,44 +65,12 @@ func (r *run) installFirmware() error {
 	})
 	for _, name := range todo {
 		to := filepath.Join(dst, name)
-		if err := copyFile(filepath.Join(src, name), to); err != nil {
+		// Through a temporary file renamed into place, so the kernel never reads a partial file.
+		if err := r.Host.Files.CopyFile(filepath.Join(src, name), to, 0o644); err != nil {
 			return fmt.Errorf("GSP firmware: %w", err)
 		}
 		copied = append(copied, to)
 	}
 	r.Log.Info("Installed the GSP firmware", "files", len(copied), "dir", dst)
 	return nil
-}
-
-// copyFile streams src to dst through a temporary file in dst's directory and renames it into
-// place, so the kernel never reads a partial file.
-func copyFile(src, dst string) (err error) {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	tmp, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".tmp-")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	if _, err = io.Copy(tmp, in); err != nil {
-		return fmt.Errorf("copy %s: %w", src, err)
-	}
-	if err = tmp.Chmod(0o644); err != nil {
-		return err
-	}
-	if err = tmp.Sync(); err != nil {
-		return err
-	}
-	if err = tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), dst)
 }

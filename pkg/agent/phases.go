@@ -148,7 +148,7 @@ func (r *run) source() Source {
 		if version == "" {
 			version = "<DRIVER_VERSION>" // a dry run without it still shows where it would look
 		}
-		src := &imageSource{roots: r.Host.Roots, version: version, cacheDir: cacheDir,
+		src := &imageSource{roots: r.Host.Roots, files: r.Host.Files, version: version, cacheDir: cacheDir,
 			maxEntries: r.cfg.CacheMaxEntries, requireSigned: r.cfg.RequireSigned, dryRun: r.cfg.DryRun, log: r.Log, cfg: r.cfg, terminal: r.Terminal}
 		if r.Reaper != nil {
 			src.runner, src.buildRunner = r.Reaper, r.Reaper
@@ -541,7 +541,7 @@ func (r *run) daemonSpecs(ctx context.Context) ([]daemon.Spec, fabric.Plan, erro
 		Name: "nvidia-persistenced", Required: true,
 		Cmd:     host.Cmd{Path: r.Host.InRoot("usr/bin/nvidia-persistenced"), Args: r.cfg.PersistencedArgs},
 		PIDFile: filepath.Join(pidDir, "nvidia-persistenced.pid"), StopTimeout: r.cfg.DaemonStopTimeout,
-		Prepare: func() error { return os.MkdirAll(pidDir, 0o755) },
+		Prepare: func() error { return r.Host.Files.MkdirAll(pidDir, 0o755) },
 	}}
 	vgpu, err := r.vgpuSpecs()
 	if err != nil {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -72,6 +71,7 @@ type Source interface {
 // in the image under <root>/usr/src/nvidia-<version>/<flavor>/precompiled.
 type imageSource struct {
 	roots         host.Roots
+	files         host.Files // the build log's copy and removal, a damaged cache entry's removal
 	version       string
 	release       string
 	banner        string
@@ -237,7 +237,7 @@ func (s *imageSource) compileModules(ctx context.Context, d Decision, workDir st
 	}
 	o := s.compile
 	o.WorkDir = filepath.Join(workDir, "compile")
-	if err := os.Remove(s.failedBuildLog()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := s.files.Remove(s.failedBuildLog()); err != nil {
 		s.log.Warn("could not remove an earlier build's log", "error", err)
 	}
 	s.log.Info("Compiling NVIDIA driver kernel modules...")
@@ -267,7 +267,7 @@ func (s *imageSource) keepBuildLog(err error) error {
 	if !errors.As(err, &be) {
 		return err
 	}
-	if cerr := copyFile(be.Log, s.failedBuildLog()); cerr != nil {
+	if cerr := s.files.CopyFile(be.Log, s.failedBuildLog(), 0o644); cerr != nil {
 		s.log.Warn("could not keep the failed build's log; it goes with the work dir", "log", be.Log, "error", cerr)
 		return err
 	}
@@ -398,7 +398,7 @@ func (s *imageSource) openCached(images []host.ModuleImage) ([]host.ModuleImage,
 		if !errors.Is(err, cache.ErrCorrupt) {
 			return nil, fmt.Errorf("%w: %w", exitcode.ErrModuleLoad, err)
 		}
-		if rmErr := s.entry.Remove(); rmErr != nil {
+		if rmErr := s.files.RemoveAll(s.entry.Dir); rmErr != nil {
 			err = fmt.Errorf("%w; removing it failed: %w", err, rmErr)
 		}
 		s.entry, s.damaged = nil, err

@@ -76,7 +76,7 @@ func (r *run) forkingSpec(name string, required bool, env []string) daemon.Spec 
 		Name: name, Required: required,
 		Cmd:     host.Cmd{Path: r.Host.InRoot("usr/bin", name)},
 		PIDFile: filepath.Join(pidDir, name+".pid"), StopTimeout: r.cfg.DaemonStopTimeout,
-		Prepare: func() error { return os.MkdirAll(pidDir, 0o755) },
+		Prepare: func() error { return r.Host.Files.MkdirAll(pidDir, 0o755) },
 	}
 	if len(env) > 0 {
 		s.Cmd.Env = withEnv(os.Environ(), env...)

@@ -3,6 +3,7 @@ package host
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -59,4 +60,42 @@ func (OSFiles) Remove(path string) error {
 		return err
 	}
 	return nil
+}
+
+// RemoveAll implements Files.
+func (OSFiles) RemoveAll(path string) error { return os.RemoveAll(path) }
+
+// Link implements Files.
+func (OSFiles) Link(src, dst string) error { return os.Link(src, dst) }
+
+// CopyFile implements Files.
+func (OSFiles) CopyFile(src, dst string, perm os.FileMode) (err error) {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	tmp, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".tmp-")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	if _, err = io.Copy(tmp, in); err != nil {
+		return fmt.Errorf("copy %s: %w", src, err)
+	}
+	if err = tmp.Chmod(perm); err != nil {
+		return err
+	}
+	if err = tmp.Sync(); err != nil {
+		return err
+	}
+	if err = tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), dst)
 }

@@ -89,6 +89,13 @@ type Files interface {
 	MkdirAll(path string, perm os.FileMode) error
 	// Remove removes a file or an empty directory; a missing path is not an error.
 	Remove(path string) error
+	// RemoveAll removes path and everything under it; a missing path is not an error.
+	RemoveAll(path string) error
+	// CopyFile replaces dst atomically with a copy of the regular file src, with mode perm: the
+	// copy is written and synced beside dst and renamed over it, so no reader sees part of it.
+	CopyFile(src, dst string, perm os.FileMode) error
+	// Link makes dst a hard link to src; dst must not exist.
+	Link(src, dst string) error
 }
 
 // Cmd describes a process to start.

@@ -11,7 +11,7 @@ import (
 
 // Action is one side effect the agent would perform.
 type Action struct {
-	Kind   string `json:"kind"`   // load-module, unload-module, mount, unmount, mknod, write, mkdir, remove, exec, signal
+	Kind   string `json:"kind"`   // load-module, unload-module, mount, unmount, mknod, write, mkdir, remove, remove-all, copy, link, exec, signal
 	Target string `json:"target"` // what it acts on
 	Detail string `json:"detail,omitempty"`
 }
@@ -97,6 +97,18 @@ func (r *Recorder) MkdirAll(path string, _ os.FileMode) error { r.add("mkdir", p
 
 // Remove implements Files.
 func (r *Recorder) Remove(path string) error { r.add("remove", path, ""); return nil }
+
+// RemoveAll implements Files.
+func (r *Recorder) RemoveAll(path string) error { r.add("remove-all", path, ""); return nil }
+
+// CopyFile implements Files.
+func (r *Recorder) CopyFile(src, dst string, perm os.FileMode) error {
+	r.add("copy", dst, fmt.Sprintf("from %s %#o", src, perm.Perm()))
+	return nil
+}
+
+// Link implements Files.
+func (r *Recorder) Link(src, dst string) error { r.add("link", dst, "to "+src); return nil }
 
 // Start implements Execer; the recorded process runs until it is signalled.
 func (r *Recorder) Start(_ context.Context, c Cmd) (Process, error) {
