@@ -343,7 +343,8 @@ func (r *run) teardown() error {
 }
 
 // WriteTerminationLog writes a one-line cause to path when the file exists and is writable, so
-// `kubectl describe pod` shows why the container stopped.
+// `kubectl describe pod` shows why the container stopped. The file is the container's own
+// (Kubernetes mounts it), not the node's, so it is written directly rather than through Host.
 func WriteTerminationLog(path string, err error) {
 	f, ferr := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
 	if ferr != nil {

@@ -174,6 +174,8 @@ func (r *run) prepare(ctx context.Context) error {
 		}
 		return nil
 	}
+	// The work dir is the run's private scratch (see package host): created, filled by the
+	// compile and link path and removed here with os directly, never in a dry run.
 	if r.cfg.WorkDir != "" {
 		if err := os.MkdirAll(r.cfg.WorkDir, 0o700); err != nil {
 			return fmt.Errorf("work dir: %w", err)

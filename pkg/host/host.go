@@ -2,6 +2,13 @@
 // under, and the small interfaces through which every side effect (module load and unload, mounts,
 // device nodes, processes, file writes) passes. Each interface has a real Linux implementation, a
 // recording one for --dry-run, and stateful fakes in package hosttest.
+//
+// Three kinds of writes stay outside, each for a reason: a package that owns one crash-safe store
+// writes it itself (pkg/cache's module cache: temporary directory, fsync, rename; pkg/lock's flock
+// on the node lock; pkg/daemon's stale pid files), and none of them writes in a dry run; the
+// compile and link path writes only under the run's private work directory, its own scratch
+// output, which the run creates and removes; and the build-time subcommands (pkg/cli, pkg/sysext)
+// write the output files they are asked for, on a build machine, not a node.
 package host
 
 import (
