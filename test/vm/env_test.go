@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+
+	"github.com/driver-agent/driver-agent/pkg/build/buildtest"
 )
 
 const (
@@ -116,7 +118,7 @@ func findTools() (*tools, error) {
 	if static, err := isStatic(t.busybox); err != nil || !static {
 		missing = append(missing, "busybox-static")
 	}
-	abi, err := headersABI()
+	abi, err := buildtest.HeadersABI()
 	if err == nil {
 		t.abi, t.name = abi, kernelName(abi)
 		t.headers = filepath.Join("/usr/src", "linux-headers-"+abi)
@@ -149,19 +151,6 @@ func findTools() (*tools, error) {
 			abi, t.kernelDir, err, abi, abi, abi, abi, t.kernelDir)
 	}
 	return t, nil
-}
-
-// headersABI returns the kernel ABI that the installed linux-headers-amd64 metapackage depends on.
-func headersABI() (string, error) {
-	out, err := exec.Command("dpkg-query", "-W", "-f=${Depends}", "linux-headers-amd64").Output()
-	if err != nil {
-		return "", fmt.Errorf("dpkg-query linux-headers-amd64: %w", err)
-	}
-	m := regexp.MustCompile(`linux-headers-([0-9][^ ,]*-amd64)`).FindStringSubmatch(string(out))
-	if m == nil {
-		return "", fmt.Errorf("linux-headers-amd64 depends on %q: no linux-headers-<abi>-amd64 in it", out)
-	}
-	return m[1], nil
 }
 
 // isStatic reports whether the ELF executable at path has no program interpreter.

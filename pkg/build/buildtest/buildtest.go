@@ -38,7 +38,7 @@ func Headers() (release, tree string, err error) {
 			missing = append(missing, tool.pkg)
 		}
 	}
-	abi, abiErr := headersABI()
+	abi, abiErr := HeadersABI()
 	if abiErr == nil {
 		tree = filepath.Join("/usr/src", "linux-headers-"+abi)
 		if _, err := os.Stat(filepath.Join(tree, "Makefile")); err != nil {
@@ -55,9 +55,9 @@ func Headers() (release, tree string, err error) {
 	return abi, tree, nil
 }
 
-// headersABI returns the kernel ABI that the installed linux-headers-amd64 metapackage depends on,
-// e.g. 6.1.0-57-amd64.
-func headersABI() (string, error) {
+// HeadersABI returns the kernel ABI that the installed linux-headers-amd64 metapackage depends on,
+// e.g. 6.1.0-57-amd64. The VM tests boot the kernel image of that ABI.
+func HeadersABI() (string, error) {
 	out, err := exec.Command("dpkg-query", "-W", "-f=${Depends}", "linux-headers-amd64").Output()
 	if err != nil {
 		return "", fmt.Errorf("dpkg-query linux-headers-amd64: %w", err)
