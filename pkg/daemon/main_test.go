@@ -2,7 +2,6 @@ package daemon_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/driver-agent/driver-agent/pkg/daemon"
 	"github.com/driver-agent/driver-agent/pkg/host"
+	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
 )
 
 // helperEnv switches the test binary into a fake daemon; pidFileEnv is where the fake
@@ -37,7 +37,7 @@ const (
 var testReaper *daemon.Reaper
 
 // testReaperLog receives testReaper's log.
-var testReaperLog = &logBuffer{}
+var testReaperLog = &hosttest.LogBuffer{}
 
 func TestMain(m *testing.M) {
 	if mode := os.Getenv(helperEnv); mode != "" {
@@ -268,31 +268,8 @@ func linkedCmd(t *testing.T, name, mode string, extraEnv ...string) host.Cmd {
 	return c
 }
 
-// logBuffer is a concurrency-safe slog sink for asserting log capture.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func newLog() (*slog.Logger, *logBuffer) {
-	b := &logBuffer{}
-	return slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelDebug})), b
-}
-
 // waitLog waits until the log contains s.
-func waitLog(t *testing.T, b *logBuffer, s string) {
+func waitLog(t *testing.T, b *hosttest.LogBuffer, s string) {
 	t.Helper()
 	eventually(t, "log line "+strconv.Quote(s), func() bool { return strings.Contains(b.String(), s) })
 }
@@ -463,7 +440,7 @@ func childrenOf(pid int) []string {
 }
 
 // pidsInLog returns the numbers printed after prefix in the log, in order.
-func pidsInLog(b *logBuffer, prefix string) []int {
+func pidsInLog(b *hosttest.LogBuffer, prefix string) []int {
 	var out []int
 	sc := bufio.NewScanner(strings.NewReader(b.String()))
 	for sc.Scan() {

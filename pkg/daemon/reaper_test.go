@@ -12,6 +12,7 @@ import (
 
 	"github.com/driver-agent/driver-agent/pkg/daemon"
 	"github.com/driver-agent/driver-agent/pkg/host"
+	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
 )
 
 // The reaper implements the host seam, so the agent can start every process through it.
@@ -166,7 +167,7 @@ func TestReaperReapsOrphans(t *testing.T) {
 }
 
 func pidsIn(s, prefix string) []int {
-	b := &logBuffer{}
+	b := &hosttest.LogBuffer{}
 	_, _ = b.Write([]byte(s))
 	return pidsInLog(b, prefix)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/driver-agent/driver-agent/pkg/daemon/daemontest"
 	"github.com/driver-agent/driver-agent/pkg/exitcode"
 	"github.com/driver-agent/driver-agent/pkg/host"
+	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
 )
 
 var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -22,14 +23,14 @@ var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 type fixture struct {
 	r     *daemon.Runner
 	clock *daemontest.Clock
-	log   *logBuffer
+	log   *hosttest.LogBuffer
 	rec   *recorder
 }
 
 // newRunner makes a runner on a fake clock (nil clock: the wall clock) with a recorded log.
 func newRunner(t *testing.T, spec daemon.Spec, fake bool) fixture {
 	t.Helper()
-	log, buf := newLog()
+	log, buf := hosttest.NewLog()
 	f := fixture{log: buf, rec: &recorder{}}
 	o := daemon.Options{Reaper: testReaper, Log: log, OnChange: f.rec.onChange}
 	if fake {

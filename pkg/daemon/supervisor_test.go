@@ -11,11 +11,12 @@ import (
 
 	"github.com/driver-agent/driver-agent/pkg/daemon"
 	"github.com/driver-agent/driver-agent/pkg/exitcode"
+	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
 )
 
-func newSupervisor(t *testing.T) (*daemon.Supervisor, *logBuffer, *recorder) {
+func newSupervisor(t *testing.T) (*daemon.Supervisor, *hosttest.LogBuffer, *recorder) {
 	t.Helper()
-	log, buf := newLog()
+	log, buf := hosttest.NewLog()
 	rec := &recorder{}
 	s := daemon.NewSupervisor(daemon.Options{Reaper: testReaper, Log: log, OnChange: rec.onChange})
 	t.Cleanup(func() {

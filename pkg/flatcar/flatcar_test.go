@@ -25,6 +25,7 @@ import (
 	"github.com/driver-agent/driver-agent/pkg/extract"
 	"github.com/driver-agent/driver-agent/pkg/flatcar"
 	"github.com/driver-agent/driver-agent/pkg/flatcar/flatcartest"
+	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
 )
 
 const kver = "6.6.60-flatcar"
@@ -58,28 +59,10 @@ func tarball(t *testing.T, entries []flatcartest.Entry) []byte {
 	return b
 }
 
-// logBuffer is a slog destination tests can read while the fetcher writes.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 type env struct {
 	srv  *flatcartest.Server
 	key  *flatcartest.Key
-	logs *logBuffer
+	logs *hosttest.LogBuffer
 	// dest is where trees go, inside parent, which holds nothing else.
 	parent, dest string
 }
@@ -93,7 +76,7 @@ func newEnv(t *testing.T) *env {
 	srv := flatcartest.NewServer(key)
 	t.Cleanup(srv.Close)
 	parent := t.TempDir()
-	return &env{srv: srv, key: key, logs: &logBuffer{}, parent: parent, dest: filepath.Join(parent, "tree")}
+	return &env{srv: srv, key: key, logs: &hosttest.LogBuffer{}, parent: parent, dest: filepath.Join(parent, "tree")}
 }
 
 func (e *env) fetcher(t *testing.T, mod ...func(*flatcar.Options)) *flatcar.Fetcher {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"debug/elf"
 	"errors"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +17,7 @@ import (
 	"time"
 
 	"github.com/driver-agent/driver-agent/pkg/host"
+	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
 	"github.com/driver-agent/driver-agent/pkg/precompiled"
 )
 
@@ -145,29 +145,6 @@ func kernelModule(t *testing.T, name string, data []byte, signed bool) precompil
 	return f
 }
 
-// logBuffer is a concurrency-safe log sink.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func newLog() (*slog.Logger, *logBuffer) {
-	var buf logBuffer
-	return slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})), &buf
-}
-
 // definedSymbols returns the names of the symbols an ELF relocatable object
 // defines, after checking that it is one.
 func definedSymbols(t *testing.T, path string) []string {
@@ -202,7 +179,7 @@ func TestLinkRealObjects(t *testing.T) {
 		kernelModule(t, "nvidia-uvm.ko", uvm, false),
 		kernelModule(t, "nvidia-peermem.ko", peermem, false))
 	work := filepath.Join(t.TempDir(), "work")
-	log, logs := newLog()
+	log, logs := hosttest.NewLog()
 	mods, err := Link(context.Background(), p, work, Options{CoreObjectDir: coreDir(t, o), Log: log})
 	if err != nil {
 		t.Fatal(err)
@@ -283,7 +260,7 @@ func TestLinkSignature(t *testing.T) {
 			if tc.sig != nil && p.Files[0].LinkedModuleCRC != precompiled.Checksum(tc.sig.linked) {
 				t.Fatal("package does not store the crc of the signed module")
 			}
-			log, logs := newLog()
+			log, logs := hosttest.NewLog()
 			mods, err := Link(context.Background(), p, t.TempDir(), Options{CoreObjectDir: core, RequireSigned: tc.requireSigned, Log: log})
 			if tc.wantErr != nil {
 				if !errors.Is(err, tc.wantErr) {
