@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
 	"github.com/driver-agent/driver-agent/pkg/link"
 	"github.com/driver-agent/driver-agent/pkg/precompiled"
 )
@@ -91,7 +92,7 @@ func TestStoreLookup(t *testing.T) {
 
 	// Second start with the same key: hit, and the sources may be gone.
 	for _, m := range mods {
-		os.Remove(m.Path)
+		hosttest.Must(t, os.Remove(m.Path))
 	}
 	e, ok, err := Lookup(dir, key)
 	if !ok || err != nil {
@@ -215,8 +216,12 @@ func TestDamagedEntry(t *testing.T) {
 		{"package header byte flipped", flip(PackageFile, 200), PackageFile + ": sha256"},
 		{"package record byte flipped", flip(PackageFile, -40), PackageFile + ": sha256"},
 		{"manifest byte flipped", flip(ManifestFile, 2), "manifest"},
-		{"module missing", func(t *testing.T, e string) { os.Remove(filepath.Join(e, "modules", "nvidia-modeset.ko")) }, "nvidia-modeset.ko"},
-		{"module truncated", func(t *testing.T, e string) { os.Truncate(filepath.Join(e, "modules", "nvidia.ko"), 10) }, "nvidia.ko"},
+		{"module missing", func(t *testing.T, e string) {
+			hosttest.Must(t, os.Remove(filepath.Join(e, "modules", "nvidia-modeset.ko")))
+		}, "nvidia-modeset.ko"},
+		{"module truncated", func(t *testing.T, e string) {
+			hosttest.Must(t, os.Truncate(filepath.Join(e, "modules", "nvidia.ko"), 10))
+		}, "nvidia.ko"},
 		{"module appended to", func(t *testing.T, e string) {
 			f, _ := os.OpenFile(filepath.Join(e, "modules", "empty.ko"), os.O_WRONLY|os.O_APPEND, 0)
 			f.Write([]byte("x"))
@@ -224,18 +229,20 @@ func TestDamagedEntry(t *testing.T) {
 		}, "empty.ko"},
 		{"module replaced by a symlink", func(t *testing.T, e string) {
 			p := filepath.Join(e, "modules", "nvidia-uvm.ko")
-			os.Rename(p, p+".real")
-			os.Symlink("nvidia-uvm.ko.real", p)
+			hosttest.Must(t, os.Rename(p, p+".real"))
+			hosttest.Must(t, os.Symlink("nvidia-uvm.ko.real", p))
 		}, "not a regular file"},
-		{"manifest missing", func(t *testing.T, e string) { os.Remove(filepath.Join(e, ManifestFile)) }, ManifestFile},
-		{"manifest empty", func(t *testing.T, e string) { os.WriteFile(filepath.Join(e, ManifestFile), nil, 0o644) }, "manifest"},
+		{"manifest missing", func(t *testing.T, e string) { hosttest.Must(t, os.Remove(filepath.Join(e, ManifestFile))) }, ManifestFile},
+		{"manifest empty", func(t *testing.T, e string) {
+			hosttest.Must(t, os.WriteFile(filepath.Join(e, ManifestFile), nil, 0o644))
+		}, "manifest"},
 		{"manifest for another key", editManifest(func(m *Manifest) { m.Key.Flavor = "proprietary" }), "another key"},
 		{"manifest sum edited", editManifest(func(m *Manifest) { m.Modules[0].SHA256 = strings.Repeat("0", 64) }), "manifest says " + strings.Repeat("0", 64)},
 		{"manifest lists fewer modules", editManifest(func(m *Manifest) { m.Modules = m.Modules[:2] }), "manifest lists 2"},
 		{"manifest package sum edited", editManifest(func(m *Manifest) { m.Package.SHA256 = strings.Repeat("a", 64) }), "manifest says"},
 		{"entry is a file", func(t *testing.T, e string) {
-			os.RemoveAll(e)
-			os.WriteFile(e, []byte("x"), 0o644)
+			hosttest.Must(t, os.RemoveAll(e))
+			hosttest.Must(t, os.WriteFile(e, []byte("x"), 0o644))
 		}, "not a directory"},
 	}
 	for _, tc := range tests {
@@ -349,9 +356,9 @@ func TestStoreRejects(t *testing.T) {
 	dup[1].Name = dup[0].Name
 	sameFile := slices.Clone(mods)
 	sameFile[1].Path = filepath.Join(t.TempDir(), filepath.Base(mods[0].Path))
-	os.WriteFile(sameFile[1].Path, []byte("x"), 0o644)
+	hosttest.Must(t, os.WriteFile(sameFile[1].Path, []byte("x"), 0o644))
 	hidden := filepath.Join(t.TempDir(), ".hidden.ko")
-	os.WriteFile(hidden, []byte("x"), 0o644)
+	hosttest.Must(t, os.WriteFile(hidden, []byte("x"), 0o644))
 	tests := []struct {
 		name string
 		key  Key
@@ -419,14 +426,14 @@ func TestPrune(t *testing.T) {
 	// An entry without a manifest counts as oldest; stale working dirs go;
 	// a fresh one (a Store in progress) and unrelated files stay.
 	broken := filepath.Join(dir, strings.Repeat("ab", 32))
-	os.Mkdir(broken, 0o700)
+	hosttest.Must(t, os.Mkdir(broken, 0o700))
 	stale := filepath.Join(dir, tmpPrefix+"stale")
-	os.Mkdir(stale, 0o700)
+	hosttest.Must(t, os.Mkdir(stale, 0o700))
 	old := base.Add(-StaleAge)
-	os.Chtimes(stale, old, old)
+	hosttest.Must(t, os.Chtimes(stale, old, old))
 	fresh := filepath.Join(dir, tmpPrefix+"fresh")
-	os.Mkdir(fresh, 0o700)
-	os.WriteFile(filepath.Join(dir, "README"), []byte("x"), 0o644)
+	hosttest.Must(t, os.Mkdir(fresh, 0o700))
+	hosttest.Must(t, os.WriteFile(filepath.Join(dir, "README"), []byte("x"), 0o644))
 
 	removed, err := Prune(dir, 3)
 	if err != nil {
@@ -527,16 +534,22 @@ func TestOpenVerifiesWhatIsLoaded(t *testing.T) {
 // the entry as Lookup does.
 func TestOpenDamagedEntry(t *testing.T) {
 	t.Parallel()
-	for name, damage := range map[string]func(e string){
-		"module truncated": func(e string) { os.Truncate(filepath.Join(e, ModulesDir, "nvidia.ko"), 10) },
-		"module missing":   func(e string) { os.Remove(filepath.Join(e, ModulesDir, "nvidia-modeset.ko")) },
-		"module is symlink": func(e string) {
-			p := filepath.Join(e, ModulesDir, "nvidia-uvm.ko")
-			os.Rename(p, p+".real")
-			os.Symlink("nvidia-uvm.ko.real", p)
+	for name, damage := range map[string]func(t *testing.T, e string){
+		"module truncated": func(t *testing.T, e string) {
+			hosttest.Must(t, os.Truncate(filepath.Join(e, ModulesDir, "nvidia.ko"), 10))
 		},
-		"manifest missing":   func(e string) { os.Remove(filepath.Join(e, ManifestFile)) },
-		"package header bad": func(e string) { os.WriteFile(filepath.Join(e, PackageFile), []byte("garbage"), 0o644) },
+		"module missing": func(t *testing.T, e string) {
+			hosttest.Must(t, os.Remove(filepath.Join(e, ModulesDir, "nvidia-modeset.ko")))
+		},
+		"module is symlink": func(t *testing.T, e string) {
+			p := filepath.Join(e, ModulesDir, "nvidia-uvm.ko")
+			hosttest.Must(t, os.Rename(p, p+".real"))
+			hosttest.Must(t, os.Symlink("nvidia-uvm.ko.real", p))
+		},
+		"manifest missing": func(t *testing.T, e string) { hosttest.Must(t, os.Remove(filepath.Join(e, ManifestFile))) },
+		"package header bad": func(t *testing.T, e string) {
+			hosttest.Must(t, os.WriteFile(filepath.Join(e, PackageFile), []byte("garbage"), 0o644))
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -545,7 +558,7 @@ func TestOpenDamagedEntry(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			damage(e.Dir)
+			damage(t, e.Dir)
 			if _, ok, err := Open(dir, testKey()); ok || !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "removed") {
 				t.Fatalf("Open = %v, %v; want a miss wrapping ErrCorrupt, removed", ok, err)
 			}

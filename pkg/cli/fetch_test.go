@@ -9,6 +9,7 @@ import (
 
 	"github.com/driver-agent/driver-agent/pkg/flatcar"
 	"github.com/driver-agent/driver-agent/pkg/flatcar/flatcartest"
+	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
 )
 
 // fetch-build-tree downloads the release's kernel, reads the kernel release from its banner and
@@ -45,8 +46,9 @@ func TestFetchBuildTree(t *testing.T) {
 		t.Errorf("banner of the fetched kernel: %d %q", code, out2)
 	}
 
-	other, _ := flatcartest.NewKey("someone else")
-	os.WriteFile(keyFile, other.ArmoredPublicKey(), 0o644)
+	other, err := flatcartest.NewKey("someone else")
+	hosttest.Must(t, err)
+	hosttest.Must(t, os.WriteFile(keyFile, other.ArmoredPublicKey(), 0o644))
 	out = filepath.Join(t.TempDir(), "flatcar")
 	args[len(args)-1] = out
 	if code, _, stderr := runCLI(args...); code != 1 || !strings.Contains(stderr, "verification failed") {

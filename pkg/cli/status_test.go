@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/driver-agent/driver-agent/pkg/host"
+	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
 	"github.com/driver-agent/driver-agent/pkg/status"
 )
 
@@ -46,8 +47,8 @@ func TestProbePeermemCommand(t *testing.T) {
 	if code := Main(context.Background(), []string{"nvidia-driver", "probe_nvidia_peermem", "--sys", sys}, nil, &out, &errOut); code != 0 || !strings.Contains(out.String(), "MOFED drivers are not ready") {
 		t.Errorf("without MOFED: exit %d, %q %q", code, out.String(), errOut.String())
 	}
-	os.MkdirAll(filepath.Join(sys, "module/mlx5_core"), 0o755)
-	os.WriteFile(filepath.Join(sys, "module/mlx5_core/refcnt"), []byte("0\n"), 0o644)
+	hosttest.Must(t, os.MkdirAll(filepath.Join(sys, "module/mlx5_core"), 0o755))
+	hosttest.Must(t, os.WriteFile(filepath.Join(sys, "module/mlx5_core/refcnt"), []byte("0\n"), 0o644))
 	if code := Main(context.Background(), []string{"nvidia-driver", "probe_nvidia_peermem", "--sys", sys}, nil, &out, &errOut); code != 1 {
 		t.Errorf("MOFED up, peermem missing: exit %d, want 1", code)
 	}

@@ -74,7 +74,7 @@ func TestSysextCommand(t *testing.T) {
 	}
 
 	// Without the userspace: a clear error, exit 2, the output directory as it was.
-	os.Remove(filepath.Join(root, "usr/bin/nvidia-persistenced"))
+	hosttest.Must(t, os.Remove(filepath.Join(root, "usr/bin/nvidia-persistenced")))
 	before := hosttest.Snapshot(t, out)
 	code, _, stderr = runCLI(slices.Replace(slices.Clone(args), 2, 3, "4593.2.1")...)
 	if code != 2 || !strings.Contains(stderr, "nvidia-persistenced is in none of") {

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
 )
 
 var nvidiaEntries = []Entry{
@@ -114,15 +116,15 @@ func TestKmodModprobeReadsTheIndex(t *testing.T) {
 	const kver = "9.9.9-driver-agent"
 	dir := filepath.Join(root, "lib/modules", kver)
 	for _, e := range nvidiaEntries {
-		os.MkdirAll(filepath.Dir(filepath.Join(dir, e.Path)), 0o755)
-		os.WriteFile(filepath.Join(dir, e.Path), nil, 0o644)
+		hosttest.Must(t, os.MkdirAll(filepath.Dir(filepath.Join(dir, e.Path)), 0o755))
+		hosttest.Must(t, os.WriteFile(filepath.Join(dir, e.Path), nil, 0o644))
 	}
 	bin, err := DepBin(nvidiaEntries)
 	if err != nil {
 		t.Fatal(err)
 	}
-	os.WriteFile(filepath.Join(dir, "modules.dep"), Dep(nvidiaEntries), 0o644)
-	os.WriteFile(filepath.Join(dir, "modules.dep.bin"), bin, 0o644)
+	hosttest.Must(t, os.WriteFile(filepath.Join(dir, "modules.dep"), Dep(nvidiaEntries), 0o644))
+	hosttest.Must(t, os.WriteFile(filepath.Join(dir, "modules.dep.bin"), bin, 0o644))
 	for name, want := range map[string][]string{
 		"nvidia-peermem": {"kernel/drivers/video/nvidia.ko", "kernel/drivers/video/nvidia-peermem.ko"},
 		"nvidia_drm":     {"kernel/drivers/video/nvidia.ko", "kernel/drivers/video/nvidia-modeset.ko", "kernel/drivers/video/nvidia-drm.ko"},

@@ -107,9 +107,9 @@ func TestPCISubsystemIDs(t *testing.T) {
 		"0000:42:00.0": {"vendor": "0x10de", "device": "0x1db4", "class": "0x030200"},
 	} {
 		dir := filepath.Join(sys, "bus/pci/devices", addr)
-		os.MkdirAll(dir, 0o755)
+		hosttest.Must(t, os.MkdirAll(dir, 0o755))
 		for name, v := range files {
-			os.WriteFile(filepath.Join(dir, name), []byte(v+"\n"), 0o644)
+			hosttest.Must(t, os.WriteFile(filepath.Join(dir, name), []byte(v+"\n"), 0o644))
 		}
 	}
 	devs, err := PCIDevices(sys)

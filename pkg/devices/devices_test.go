@@ -141,7 +141,7 @@ func TestRealNodesKeptOrReplaced(t *testing.T) {
 	if err := h.Mknoder.Mknod(nodes[0].Path, 0o666, 195, 255); err != nil {
 		t.Skipf("mknod not permitted here: %v", err)
 	}
-	os.WriteFile(nodes[1].Path, []byte("not a device"), 0o644)
+	hosttest.Must(t, os.WriteFile(nodes[1].Path, []byte("not a device"), 0o644))
 	created, err := Create(h, nodes)
 	if err != nil {
 		t.Fatal(err)

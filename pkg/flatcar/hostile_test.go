@@ -17,6 +17,7 @@ import (
 
 	"github.com/driver-agent/driver-agent/pkg/flatcar"
 	"github.com/driver-agent/driver-agent/pkg/flatcar/flatcartest"
+	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
 )
 
 // TestBuildTreeRefusesRedirectsOffHTTP: a release server that redirects to a file:// URL (or any
@@ -83,9 +84,10 @@ func TestFileRefusesRedirectsOffHTTP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	asc, _ := e.key.ClearSign(d)
-	os.WriteFile(filepath.Join(local, flatcar.KernelImage), secret, 0o644)
-	os.WriteFile(filepath.Join(local, flatcar.KernelImage+".DIGESTS.asc"), asc, 0o644)
+	asc, err := e.key.ClearSign(d)
+	hosttest.Must(t, err)
+	hosttest.Must(t, os.WriteFile(filepath.Join(local, flatcar.KernelImage), secret, 0o644))
+	hosttest.Must(t, os.WriteFile(filepath.Join(local, flatcar.KernelImage+".DIGESTS.asc"), asc, 0o644))
 	e.srv.SetHook(func(w http.ResponseWriter, r *http.Request, _ io.ReadSeeker) bool {
 		http.Redirect(w, r, "file://"+filepath.Join(local, filepath.Base(r.URL.Path)), http.StatusTemporaryRedirect)
 		return true

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/driver-agent/driver-agent/pkg/exitcode"
+	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
 )
 
 func TestContention(t *testing.T) {
@@ -40,7 +41,7 @@ func TestContention(t *testing.T) {
 func TestStalePIDFileIsTaken(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "nvidia-driver.pid")
-	os.WriteFile(path, []byte("99999999 stale and longer\n"), 0o644)
+	hosttest.Must(t, os.WriteFile(path, []byte("99999999 stale and longer\n"), 0o644))
 	l, err := Acquire(path, 42)
 	if err != nil {
 		t.Fatal(err)

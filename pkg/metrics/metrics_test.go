@@ -17,6 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/common/expfmt"
 	"go.uber.org/goleak"
+
+	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -85,7 +87,7 @@ func TestGoldenExposition(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		os.WriteFile(golden, buf.Bytes(), 0o644)
+		hosttest.Must(t, os.WriteFile(golden, buf.Bytes(), 0o644))
 	}
 	want, err := os.ReadFile(golden)
 	if err != nil {

@@ -45,7 +45,7 @@ func (e *env) loader() Loader {
 func (e *env) module(t *testing.T, name, depends string) File {
 	t.Helper()
 	path := filepath.Join(e.dir, name+".ko")
-	os.WriteFile(path, hosttest.ModuleELF("name="+name, "version=1.0", "depends="+depends, "vermagic=6.1.0-other SMP mod_unload"), 0o644)
+	hosttest.Must(t, os.WriteFile(path, hosttest.ModuleELF("name="+name, "version=1.0", "depends="+depends, "vermagic=6.1.0-other SMP mod_unload"), 0o644))
 	files, err := Resolve([]host.ModuleImage{{Name: name, Path: path}})
 	if err != nil {
 		t.Fatal(err)
@@ -58,7 +58,7 @@ func TestResolveOrdersAndDecompresses(t *testing.T) {
 	dir := t.TempDir()
 	write := func(name string, data []byte) string {
 		p := filepath.Join(dir, name)
-		os.WriteFile(p, data, 0o644)
+		hosttest.Must(t, os.WriteFile(p, data, 0o644))
 		return p
 	}
 	var zbuf bytes.Buffer
@@ -140,7 +140,7 @@ func TestErrnoMessages(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, map[string]hosttest.FakeModule{"nvidia": {Err: c.errno}})
 			kmsg := filepath.Join(e.roots.Dev, "kmsg")
-			os.WriteFile(kmsg, []byte("6,1,1,-;old line before the load\n"), 0o644)
+			hosttest.Must(t, os.WriteFile(kmsg, []byte("6,1,1,-;old line before the load\n"), 0o644))
 			e.host.Kernel = kmsgWriter{e.kernel, kmsg}
 			_, err := e.loader().Load(context.Background(), []File{e.module(t, "nvidia", "drm")})
 			if !errors.Is(err, c.class) {
@@ -191,7 +191,7 @@ func TestEEXIST(t *testing.T) {
 func TestUnloadRetriesBusy(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, map[string]hosttest.FakeModule{"nvidia_uvm": {Deps: []string{"nvidia"}}})
-	e.kernel.Preload("nvidia", "nvidia_uvm")
+	hosttest.Must(t, e.kernel.Preload("nvidia", "nvidia_uvm"))
 	e.kernel.BusyFor("nvidia", 2)
 	if err := Unload(context.Background(), e.host, slog.New(slog.NewTextHandler(io.Discard, nil)), []string{"nvidia"}, false); err != nil {
 		t.Fatal(err)
@@ -205,16 +205,16 @@ func TestUnloadRetriesBusy(t *testing.T) {
 func TestInUseNamesTheHolder(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, map[string]hosttest.FakeModule{"nvidia_uvm": {Deps: []string{"nvidia"}}})
-	e.kernel.Preload("nvidia", "nvidia_uvm")
+	hosttest.Must(t, e.kernel.Preload("nvidia", "nvidia_uvm"))
 	e.kernel.Use("nvidia", 1)
 	proc := e.roots.Proc
-	os.MkdirAll(filepath.Join(proc, "4242/fd"), 0o755)
-	os.Symlink("/dev/nvidia0", filepath.Join(proc, "4242/fd/3"))
-	os.Symlink("/dev/null", filepath.Join(proc, "4242/fd/0"))
-	os.WriteFile(filepath.Join(proc, "4242/comm"), []byte("python3\n"), 0o644)
-	os.WriteFile(filepath.Join(proc, "4242/cgroup"), []byte("0::/kubepods/besteffort/pod1234/cri-containerd-abc\n"), 0o644)
-	os.MkdirAll(filepath.Join(proc, "77/fd"), 0o755)
-	os.Symlink("/dev/null", filepath.Join(proc, "77/fd/1"))
+	hosttest.Must(t, os.MkdirAll(filepath.Join(proc, "4242/fd"), 0o755))
+	hosttest.Must(t, os.Symlink("/dev/nvidia0", filepath.Join(proc, "4242/fd/3")))
+	hosttest.Must(t, os.Symlink("/dev/null", filepath.Join(proc, "4242/fd/0")))
+	hosttest.Must(t, os.WriteFile(filepath.Join(proc, "4242/comm"), []byte("python3\n"), 0o644))
+	hosttest.Must(t, os.WriteFile(filepath.Join(proc, "4242/cgroup"), []byte("0::/kubepods/besteffort/pod1234/cri-containerd-abc\n"), 0o644))
+	hosttest.Must(t, os.MkdirAll(filepath.Join(proc, "77/fd"), 0o755))
+	hosttest.Must(t, os.Symlink("/dev/null", filepath.Join(proc, "77/fd/1")))
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	err := Unload(ctx, e.host, slog.New(slog.NewTextHandler(io.Discard, nil)), []string{"nvidia"}, false)
@@ -265,7 +265,7 @@ func TestParseDepAndClosure(t *testing.T) {
 func TestKmsgSkipsOldRecords(t *testing.T) {
 	t.Parallel()
 	p := filepath.Join(t.TempDir(), "kmsg")
-	os.WriteFile(p, []byte("6,1,1,-;before\n"), 0o644)
+	hosttest.Must(t, os.WriteFile(p, []byte("6,1,1,-;before\n"), 0o644))
 	k := OpenKmsg(p)
 	defer k.Close()
 	f, _ := os.OpenFile(p, os.O_APPEND|os.O_WRONLY, 0)
@@ -349,7 +349,7 @@ func (e *env) holdDevice(t *testing.T) {
 func TestUnloadTimeoutLogsEachRetry(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, map[string]hosttest.FakeModule{"nvidia_uvm": {Deps: []string{"nvidia"}}})
-	e.kernel.Preload("nvidia", "nvidia_uvm")
+	hosttest.Must(t, e.kernel.Preload("nvidia", "nvidia_uvm"))
 	e.holdDevice(t)
 	var logBuf bytes.Buffer
 	clock := daemontest.NewInstant(time.Unix(1000, 0))
@@ -383,7 +383,7 @@ func TestUnloadLeavesForeignHolders(t *testing.T) {
 	t.Parallel()
 	specs := map[string]hosttest.FakeModule{"nvidia_uvm": {Deps: []string{"nvidia"}}, "gdrdrv": {Deps: []string{"nvidia"}}}
 	e := newEnv(t, specs)
-	e.kernel.Preload("nvidia", "nvidia_uvm", "gdrdrv")
+	hosttest.Must(t, e.kernel.Preload("nvidia", "nvidia_uvm", "gdrdrv"))
 	u := Unloader{Host: e.host, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Timeout: 10 * time.Second, Clock: daemontest.NewInstant(time.Unix(0, 0))}
 	err := u.Unload(context.Background(), []string{"nvidia_uvm", "nvidia"})
 	if !errors.Is(err, exitcode.ErrInUse) || !strings.Contains(err.Error(), "nvidia busy") || !strings.Contains(err.Error(), "module gdrdrv (not loaded by driver-agent") ||
@@ -411,7 +411,7 @@ func TestUnloadLeavesForeignHolders(t *testing.T) {
 func TestUnloadCancelled(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, nil)
-	e.kernel.Preload("nvidia")
+	hosttest.Must(t, e.kernel.Preload("nvidia"))
 	e.holdDevice(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

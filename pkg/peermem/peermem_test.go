@@ -39,14 +39,14 @@ func setup(t *testing.T, withPeermem bool) (Options, *hosttest.FakeKernel) {
 	}
 	for _, n := range names {
 		p := filepath.Join(src, n+".ko")
-		os.WriteFile(p, hosttest.ModuleELF("name="+strings.ReplaceAll(n, "-", "_"), "depends="), 0o644)
+		hosttest.Must(t, os.WriteFile(p, hosttest.ModuleELF("name="+strings.ReplaceAll(n, "-", "_"), "depends="), 0o644))
 		mods = append(mods, link.Module{Name: strings.ReplaceAll(n, "-", "_"), Path: p})
 	}
 	cacheDir := filepath.Join(r.Run, "nvidia/driver-agent/cache")
 	if _, err := cache.Store(cacheDir, cache.Key{Banner: banner, DriverVersion: "535.309.01", Flavor: "kernel"}, mods); err != nil {
 		t.Fatal(err)
 	}
-	os.WriteFile(r.InDrivers("nvidia-peermem.conf"), []byte("peerdirect_support=1\n"), 0o644)
+	hosttest.Must(t, os.WriteFile(r.InDrivers("nvidia-peermem.conf"), []byte("peerdirect_support=1\n"), 0o644))
 	h := host.Host{Roots: r, Kernel: k, Files: host.OSFiles{}}
 	return Options{Host: h, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), CacheDir: cacheDir, Wait: 2 * time.Second, Poll: 20 * time.Millisecond}, k
 }
@@ -54,8 +54,8 @@ func setup(t *testing.T, withPeermem bool) (Options, *hosttest.FakeKernel) {
 func markReady(t *testing.T, r host.Roots) {
 	t.Helper()
 	for _, p := range []string{r.InRun("nvidia/validations/.driver-ctr-ready"), r.InRun("mellanox/drivers/.driver-ready")} {
-		os.MkdirAll(filepath.Dir(p), 0o755)
-		os.WriteFile(p, nil, 0o644)
+		hosttest.Must(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		hosttest.Must(t, os.WriteFile(p, nil, 0o644))
 	}
 }
 

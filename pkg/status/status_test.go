@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/driver-agent/driver-agent/pkg/host"
+	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
 )
 
 // TestAtomicWrites checks that a reader racing many writers only ever sees a complete document.
@@ -89,9 +90,9 @@ func TestRemoveKeepsOtherContent(t *testing.T) {
 	t.Parallel()
 	p := Paths{Run: t.TempDir()}
 	w := Writer{Files: host.OSFiles{}, Paths: p}
-	w.Write(Status{Phase: "wait"})
+	hosttest.Must(t, w.Write(Status{Phase: "wait"}))
 	cache := filepath.Join(filepath.Dir(p.StatusJSON()), "cache")
-	os.MkdirAll(cache, 0o755)
+	hosttest.Must(t, os.MkdirAll(cache, 0o755))
 	if err := w.Remove(); err != nil {
 		t.Fatalf("Remove with the cache beside it: %v", err)
 	}

@@ -218,18 +218,20 @@ func TestBuildBadInput(t *testing.T) {
 			o.Modules = slices.DeleteFunc(o.Modules, func(m sysext.Module) bool { return filepath.Base(m.Path) == "nvidia.ko" })
 		}, "no nvidia.ko among the modules"},
 		{"module for another kernel", func(t *testing.T, o *sysext.Options) { o.Modules = modules(t, "6.1.0-57-amd64") }, "not for kernel " + kver},
-		{"no nvidia-smi", func(t *testing.T, o *sysext.Options) { os.Remove(filepath.Join(o.ContainerRoot, "usr/bin/nvidia-smi")) }, "nvidia-smi is in none of"},
+		{"no nvidia-smi", func(t *testing.T, o *sysext.Options) {
+			hosttest.Must(t, os.Remove(filepath.Join(o.ContainerRoot, "usr/bin/nvidia-smi")))
+		}, "nvidia-smi is in none of"},
 		{"no firmware", func(t *testing.T, o *sysext.Options) {
-			os.RemoveAll(filepath.Join(o.ContainerRoot, "usr/share/driver-agent/firmware"))
+			hosttest.Must(t, os.RemoveAll(filepath.Join(o.ContainerRoot, "usr/share/driver-agent/firmware")))
 		}, "no GSP firmware"},
 		{"no libnvidia-ml", func(t *testing.T, o *sysext.Options) {
-			os.Remove(filepath.Join(o.ContainerRoot, "usr/lib/x86_64-linux-gnu/libnvidia-ml.so."+drv))
+			hosttest.Must(t, os.Remove(filepath.Join(o.ContainerRoot, "usr/lib/x86_64-linux-gnu/libnvidia-ml.so."+drv)))
 		}, "libnvidia-ml.so." + drv},
 		{"bad version", func(t *testing.T, o *sysext.Options) { o.FlatcarVersion = "4593" }, "do not make an extension name"},
 		{"bad architecture", func(t *testing.T, o *sysext.Options) { o.Architecture = "amd64" }, "want x86-64 or arm64"},
 		{"no mksquashfs", func(t *testing.T, o *sysext.Options) { o.Mksquashfs = "/nonexistent/mksquashfs" }, "install squashfs-tools"},
 		{"corrupt SHA256SUMS", func(t *testing.T, o *sysext.Options) {
-			os.WriteFile(filepath.Join(o.OutDir, sysext.SumsFile), []byte("garbage\n"), 0o644)
+			hosttest.Must(t, os.WriteFile(filepath.Join(o.OutDir, sysext.SumsFile), []byte("garbage\n"), 0o644))
 		}, "is not `<sha256>  <file>`"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -30,16 +30,16 @@ func Unpack(t testing.TB, archive string) string {
 		}
 		full := filepath.Join(dir, name)
 		if strings.HasSuffix(name, "/") {
-			must(t, os.MkdirAll(full, 0o755))
+			Must(t, os.MkdirAll(full, 0o755))
 			return
 		}
-		must(t, os.MkdirAll(filepath.Dir(full), 0o755))
+		Must(t, os.MkdirAll(filepath.Dir(full), 0o755))
 		content := body.String()
 		if target, ok := strings.CutPrefix(strings.TrimSpace(content), "-> "); ok {
-			must(t, os.Symlink(target, full))
+			Must(t, os.Symlink(target, full))
 			return
 		}
-		must(t, os.WriteFile(full, []byte(content), 0o644))
+		Must(t, os.WriteFile(full, []byte(content), 0o644))
 	}
 	sc := bufio.NewScanner(strings.NewReader(archive))
 	for sc.Scan() {
@@ -61,7 +61,7 @@ func Unpack(t testing.TB, archive string) string {
 func UnpackFile(t testing.TB, path string) string {
 	t.Helper()
 	data, err := os.ReadFile(path)
-	must(t, err)
+	Must(t, err)
 	return Unpack(t, string(data))
 }
 
@@ -74,7 +74,7 @@ func Roots(t testing.TB, dir string) host.Roots {
 		Sys: filepath.Join(dir, "sys"), Dev: filepath.Join(dir, "dev"), Run: filepath.Join(dir, "run"), DriversDir: filepath.Join(dir, "drivers"),
 	}
 	for _, p := range []string{r.Root, r.HostRoot, r.Proc, r.Sys, r.Dev, r.Run, r.DriversDir} {
-		must(t, os.MkdirAll(p, 0o755))
+		Must(t, os.MkdirAll(p, 0o755))
 	}
 	return r
 }
@@ -104,7 +104,7 @@ func Snapshot(t testing.TB, dir string) map[string]string {
 		}
 		return nil
 	})
-	must(t, err)
+	Must(t, err)
 	return snap
 }
 
@@ -134,7 +134,8 @@ func quoteShort(s string) string {
 	return "\"" + strings.ReplaceAll(s, "\n", "\\n") + "\""
 }
 
-func must(t testing.TB, err error) {
+// Must fails the test at once when a setup step failed: Must(t, os.WriteFile(...)).
+func Must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
