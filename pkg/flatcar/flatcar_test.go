@@ -191,79 +191,86 @@ func TestBuildTree(t *testing.T) {
 	}
 }
 
-func TestBuildTreeBadSignature(t *testing.T) {
+// TestBuildTreeVerifyFailures: a signature by another key, a tampered DIGESTS text, a tarball
+// other than the signed one, DIGESTS without the tarball's SHA512 line and a download that breaks
+// off each fail with ErrVerify, say why, and leave nothing behind.
+func TestBuildTreeVerifyFailures(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	other, err := flatcartest.NewKey("someone else")
-	if err != nil {
-		t.Fatal(err)
+	for _, c := range []struct {
+		name string
+		// break_ spoils what the server publishes; it runs after the tarball is published.
+		break_ func(t *testing.T, e *env)
+		opts   func(*flatcar.Options)
+		want   string // in the error
+		// tarballUntouched: DIGESTS fail first, so the tarball must not have been downloaded.
+		tarballUntouched bool
+	}{
+		{name: "signed by another key", break_: func(t *testing.T, e *env) {
+			other, err := flatcartest.NewKey("someone else")
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.srv.Key = other // the server signs (again) with a key the fetcher does not trust
+			e.publish(t, "stable", tarball(t, flatcartest.ContainerTree(kver, buildTree(t))))
+		}, want: "DIGESTS.asc", tarballUntouched: true},
+		{name: "tampered DIGESTS", break_: func(t *testing.T, e *env) {
+			dir := flatcartest.ReleaseDir("stable", rel.Board, rel.Version)
+			// Change one digit of the signed text, keeping the signature.
+			resp, err := http.Get(e.srv.URL + dir + flatcartest.ContainerImage + ".DIGESTS.asc")
+			if err != nil {
+				t.Fatal(err)
+			}
+			asc, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			i := bytes.Index(asc, []byte("# SHA512 HASH\n")) + len("# SHA512 HASH\n")
+			asc[i] ^= 1
+			e.srv.Put(dir+flatcartest.ContainerImage+".DIGESTS.asc", asc)
+		}},
+		{name: "another tarball", break_: func(t *testing.T, e *env) {
+			// A different, well-formed tarball in place of the signed one.
+			e.srv.Put(imagePath("stable"), tarball(t, flatcartest.ContainerTree(kver, buildTree(t))))
+		}, want: "SHA512"},
+		{name: "no SHA512 line for the tarball", break_: func(t *testing.T, e *env) {
+			text := "# MD5 HASH\n" + strings.Repeat("0", 32) + "  flatcar-container.tar.gz\n# SHA512 HASH\n" +
+				strings.Repeat("0", 128) + "  flatcar_production_image.bin.bz2\n"
+			asc, err := e.key.ClearSign([]byte(text))
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.srv.Put(imagePath("stable")+".DIGESTS.asc", asc)
+		}, want: "no SHA512 line for flatcar-container.tar.gz"},
+		{name: "download broken off", break_: func(t *testing.T, e *env) {
+			e.srv.SetHook(func(w http.ResponseWriter, r *http.Request, data io.ReadSeeker) bool {
+				if r.URL.Path != imagePath("stable") {
+					return false
+				}
+				truncate(w, data, "") // without a validator: no resuming
+				return true
+			})
+		}, opts: func(o *flatcar.Options) { o.Retries = 2 }, want: "broke off"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			e.publish(t, "stable", tarball(t, flatcartest.ContainerTree(kver, buildTree(t))))
+			c.break_(t, e)
+			var opts []func(*flatcar.Options)
+			if c.opts != nil {
+				opts = append(opts, c.opts)
+			}
+			_, err := e.fetcher(t, opts...).BuildTree(context.Background(), rel, kver, e.dest)
+			if !errors.Is(err, flatcar.ErrVerify) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("BuildTree = %v, want ErrVerify saying %q", err, c.want)
+			}
+			if c.tarballUntouched && slices.Contains(e.srv.Requests(), imagePath("stable")) {
+				t.Error("the tarball was downloaded although its DIGESTS failed verification")
+			}
+			e.assertClean(t)
+		})
 	}
-	e.srv.Key = other // the server signs with a key the fetcher does not trust
-	e.publish(t, "stable", tarball(t, flatcartest.ContainerTree(kver, buildTree(t))))
-	_, err = e.fetcher(t).BuildTree(context.Background(), rel, kver, e.dest)
-	if !errors.Is(err, flatcar.ErrVerify) {
-		t.Fatalf("BuildTree = %v, want ErrVerify", err)
-	}
-	if !strings.Contains(err.Error(), "DIGESTS.asc") {
-		t.Errorf("error %q does not name the signature file", err)
-	}
-	if slices.Contains(e.srv.Requests(), imagePath("stable")) {
-		t.Error("the tarball was downloaded although its DIGESTS failed verification")
-	}
-	e.assertClean(t)
-}
-
-func TestBuildTreeTamperedDigests(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	e.publish(t, "stable", tarball(t, flatcartest.ContainerTree(kver, buildTree(t))))
-	dir := flatcartest.ReleaseDir("stable", rel.Board, rel.Version)
-	// Change one digit of the signed text, keeping the signature.
-	resp, err := http.Get(e.srv.URL + dir + flatcartest.ContainerImage + ".DIGESTS.asc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	asc, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	i := bytes.Index(asc, []byte("# SHA512 HASH\n")) + len("# SHA512 HASH\n")
-	asc[i] ^= 1
-	e.srv.Put(dir+flatcartest.ContainerImage+".DIGESTS.asc", asc)
-	_, err = e.fetcher(t).BuildTree(context.Background(), rel, kver, e.dest)
-	if !errors.Is(err, flatcar.ErrVerify) {
-		t.Fatalf("BuildTree = %v, want ErrVerify", err)
-	}
-	e.assertClean(t)
-}
-
-func TestBuildTreeDigestMismatch(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	e.publish(t, "stable", tarball(t, flatcartest.ContainerTree(kver, buildTree(t))))
-	// A different, well-formed tarball in place of the signed one.
-	e.srv.Put(imagePath("stable"), tarball(t, flatcartest.ContainerTree(kver, buildTree(t))))
-	_, err := e.fetcher(t).BuildTree(context.Background(), rel, kver, e.dest)
-	if !errors.Is(err, flatcar.ErrVerify) || !strings.Contains(err.Error(), "SHA512") {
-		t.Fatalf("BuildTree = %v, want ErrVerify about SHA512", err)
-	}
-	e.assertClean(t)
-}
-
-func TestBuildTreeMissingDigestLine(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	e.publish(t, "stable", tarball(t, flatcartest.ContainerTree(kver, buildTree(t))))
-	text := "# MD5 HASH\n" + strings.Repeat("0", 32) + "  flatcar-container.tar.gz\n# SHA512 HASH\n" +
-		strings.Repeat("0", 128) + "  flatcar_production_image.bin.bz2\n"
-	asc, err := e.key.ClearSign([]byte(text))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.srv.Put(imagePath("stable")+".DIGESTS.asc", asc)
-	_, err = e.fetcher(t).BuildTree(context.Background(), rel, kver, e.dest)
-	if !errors.Is(err, flatcar.ErrVerify) || !strings.Contains(err.Error(), "no SHA512 line for flatcar-container.tar.gz") {
-		t.Fatalf("BuildTree = %v, want ErrVerify about the missing SHA512 line", err)
-	}
-	e.assertClean(t)
 }
 
 // truncate answers with the full Content-Length but only half the body,
@@ -276,24 +283,6 @@ func truncate(w http.ResponseWriter, data io.ReadSeeker, etag string) {
 		w.Header().Set("ETag", etag)
 	}
 	_, _ = io.CopyN(w, data, size/2)
-}
-
-func TestBuildTreeTruncated(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	e.publish(t, "stable", tarball(t, flatcartest.ContainerTree(kver, buildTree(t))))
-	e.srv.SetHook(func(w http.ResponseWriter, r *http.Request, data io.ReadSeeker) bool {
-		if r.URL.Path != imagePath("stable") {
-			return false
-		}
-		truncate(w, data, "") // without a validator: no resuming
-		return true
-	})
-	_, err := e.fetcher(t, func(o *flatcar.Options) { o.Retries = 2 }).BuildTree(context.Background(), rel, kver, e.dest)
-	if !errors.Is(err, flatcar.ErrVerify) || !strings.Contains(err.Error(), "broke off") {
-		t.Fatalf("BuildTree = %v, want ErrVerify about the broken-off download", err)
-	}
-	e.assertClean(t)
 }
 
 func TestBuildTreeDoesNotResumeAChangedFile(t *testing.T) {
