@@ -33,6 +33,7 @@ import (
 	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
 	"github.com/driver-agent/driver-agent/pkg/precompiled"
+	"github.com/driver-agent/driver-agent/pkg/status"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -209,6 +210,17 @@ func (w *world) read(t *testing.T, rel string) string {
 	return string(data)
 }
 
+// readStatus reads status.json as the agent wrote it, through status.Read; a missing or malformed
+// file fails the test.
+func (w *world) readStatus(t *testing.T) status.Status {
+	t.Helper()
+	st, err := status.Read(status.Paths{Run: w.roots.Run})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
 func (w *world) assertClean(t *testing.T) {
 	t.Helper()
 	if diff := hosttest.DiffSnapshots(w.before, files(hosttest.Snapshot(t, w.dir))); diff != "" {
@@ -235,8 +247,11 @@ func startAgent(a *Agent) (context.CancelFunc, <-chan error) {
 func (w *world) waitReady(t *testing.T, done <-chan error) {
 	t.Helper()
 	waitFor(t, "Ready", func() bool {
-		return w.read(t, "run/nvidia/validations/.driver-daemons-status") == "Ready" &&
-			strings.Contains(w.read(t, "run/nvidia/driver-agent/status.json"), `"phase": "wait"`)
+		if w.read(t, "run/nvidia/validations/.driver-daemons-status") != "Ready" {
+			return false
+		}
+		st, err := status.Read(status.Paths{Run: w.roots.Run})
+		return err == nil && st.Phase == PhaseWait
 	}, done)
 }
 
@@ -343,8 +358,8 @@ func TestWholeFlow(t *testing.T) {
 	if got := w.read(t, "run/nvidia/nvidia-driver.pid"); strings.TrimSpace(got) != strconv.Itoa(os.Getpid()) {
 		t.Errorf("pid file = %q", got)
 	}
-	if got := w.read(t, "run/nvidia/driver-agent/status.json"); !strings.Contains(got, `"phase": "wait"`) || !strings.Contains(got, `"installPath": "precompiled"`) {
-		t.Errorf("status.json = %s", got)
+	if st := w.readStatus(t); st.Phase != PhaseWait || st.InstallPath != PathPrecompiled {
+		t.Errorf("status.json: phase %q, install path %q; want wait, precompiled", st.Phase, st.InstallPath)
 	}
 
 	cancel()
@@ -428,8 +443,8 @@ func TestFastPathAdoptsLoadedDriver(t *testing.T) {
 	if calls := w.kernel.Calls(); len(calls) != 0 {
 		t.Errorf("fast path touched the kernel: %v", calls)
 	}
-	if !strings.Contains(w.read(t, "run/nvidia/driver-agent/status.json"), `"installPath": "fast"`) {
-		t.Error("status does not say fast path")
+	if st := w.readStatus(t); st.InstallPath != PathFast {
+		t.Errorf("status says install path %q, want fast", st.InstallPath)
 	}
 	cancel()
 	if err := <-done; err != nil {
@@ -474,8 +489,8 @@ func TestInUseAtShutdown(t *testing.T) {
 	if w.read(t, "run/nvidia/nvidia-driver.state") != "digest-1" {
 		t.Error("the digest must stay while the driver stays loaded")
 	}
-	if !strings.Contains(w.read(t, "run/nvidia/driver-agent/status.json"), "in use") {
-		t.Error("status.json does not keep the in-use error")
+	if st := w.readStatus(t); !strings.Contains(st.LastError, "in use") {
+		t.Errorf("status.json does not keep the in-use error: last error %q", st.LastError)
 	}
 }
 

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -133,10 +134,10 @@ func TestVGPUGuestStartsGriddAndTopologyd(t *testing.T) {
 			t.Errorf("%s PID file = %q", name, pid)
 		}
 	}
-	st := w.read(t, "run/nvidia/driver-agent/status.json")
-	for _, want := range []string{`"name": "nvidia-gridd"`, `"name": "nvidia-topologyd"`} {
-		if !strings.Contains(st, want) {
-			t.Errorf("status.json lacks %s:\n%s", want, st)
+	st := w.readStatus(t)
+	for _, want := range []string{"nvidia-gridd", "nvidia-topologyd"} {
+		if !slices.ContainsFunc(st.Daemons, func(d status.Daemon) bool { return d.Name == want }) {
+			t.Errorf("status.json lacks the daemon %s: %+v", want, st.Daemons)
 		}
 	}
 
@@ -168,8 +169,11 @@ func TestPassthroughStartsNoVGPUDaemons(t *testing.T) {
 	if _, err := os.Stat(w.roots.InRoot("etc/nvidia/gridd.conf")); !os.IsNotExist(err) {
 		t.Errorf("gridd.conf copied on a passthrough node: %v", err)
 	}
-	if st := w.read(t, "run/nvidia/driver-agent/status.json"); strings.Contains(st, "gridd") || strings.Contains(st, "topologyd") || strings.Contains(st, `"fabric"`) {
-		t.Errorf("status.json:\n%s", st)
+	st := w.readStatus(t)
+	if slices.ContainsFunc(st.Daemons, func(d status.Daemon) bool {
+		return strings.Contains(d.Name, "gridd") || strings.Contains(d.Name, "topologyd")
+	}) || st.Fabric != "" || st.FabricDetail != "" {
+		t.Errorf("status.json on a passthrough node without NVSwitches: daemons %+v, fabric %q (%q)", st.Daemons, st.Fabric, st.FabricDetail)
 	}
 	cancel()
 	if err := <-done; err != nil {
@@ -227,16 +231,17 @@ func fabricAgent(t *testing.T, w *world) *Agent {
 // and the metrics; no nvidia-smi is Ready with the state unknown.
 func TestFabricStateGatesReadiness(t *testing.T) {
 	cases := []struct {
-		name   string
-		smi    []string
-		calls  string
-		status string
-		metric string
+		name         string
+		smi          []string
+		calls        string
+		fabric       string // status.json's fabric
+		fabricDetail string // and fabricDetail
+		metric       string
 	}{
 		{"in progress, then completed", []string{"h100-in-progress.txt", "h100-completed.txt"}, "2",
-			`"fabric": "completed",` + "\n" + `  "fabricDetail": "2 GPUs Completed/Success"`, `driver_agent_fabric_state{state="completed"} 1`},
+			"completed", "2 GPUs Completed/Success", `driver_agent_fabric_state{state="completed"} 1`},
 		{"no nvidia-smi in the image", nil, "",
-			`"fabric": "unknown",` + "\n" + `  "fabricDetail": "nvidia-smi is not in the image"`, ""},
+			"unknown", "nvidia-smi is not in the image", ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -255,8 +260,8 @@ func TestFabricStateGatesReadiness(t *testing.T) {
 			if got := smiCalls(t); got != c.calls {
 				t.Errorf("nvidia-smi -q ran %q times, want %q", got, c.calls)
 			}
-			if st := w.read(t, "run/nvidia/driver-agent/status.json"); !strings.Contains(st, c.status) {
-				t.Errorf("status.json lacks %s:\n%s", c.status, st)
+			if st := w.readStatus(t); st.Fabric != c.fabric || st.FabricDetail != c.fabricDetail {
+				t.Errorf("status.json: fabric %q (%q), want %q (%q)", st.Fabric, st.FabricDetail, c.fabric, c.fabricDetail)
 			}
 			mu.Lock()
 			resp, err := http.Get("http://" + addr + "/metrics")
@@ -317,14 +322,14 @@ func TestFabricFailureIsNotReady(t *testing.T) {
 		smi     []string
 		timeout time.Duration // generous where the test must not depend on the machine's speed
 		want    []string
-		status  string
+		fabric  string // in the last status.json written
 	}{
 		{"a GPU reports an error", []string{"h100-in-progress.txt", "h100-insufficient-resources.txt"}, time.Minute,
 			[]string{"the NVSwitch fabric reports a failure although nv-fabricmanager is running", "1 of 2 GPUs: GPU 00000000:2A:00.0: Completed/Insufficient Resources"},
-			`"fabric": "failed"`},
+			"failed"},
 		{"in progress past the timeout", []string{"h100-not-started.txt", "h100-in-progress.txt"}, 300 * time.Millisecond,
 			[]string{"the NVSwitch fabric is still in progress 300ms after nv-fabricmanager came up", "GPU 00000000:2A:00.0: "}, // Not Started or In Progress, by the machine's speed
-			`"fabric": "in_progress"`},
+			"in_progress"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -350,8 +355,9 @@ func TestFabricFailureIsNotReady(t *testing.T) {
 			if got := daemonsLog(t); got[len(got)-1] != "nv-fabricmanager stop" {
 				t.Errorf("fabric manager not stopped: %q", got)
 			}
-			if last := files.last("status.json"); !strings.Contains(last, c.status) {
-				t.Errorf("the last status.json written lacks %s:\n%s", c.status, last)
+			var last status.Status
+			if err := json.Unmarshal([]byte(files.last("status.json")), &last); err != nil || last.Fabric != c.fabric {
+				t.Errorf("the last status.json written says fabric %q (%v), want %q:\n%s", last.Fabric, err, c.fabric, files.last("status.json"))
 			}
 			// The failed run leaves only status.json, with its error, for `driver-agent status`
 			// and for the next start's previous-shutdown figure.

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -258,9 +259,10 @@ func TestCancellationInsideTheRunIsNoSignal(t *testing.T) {
 	if strings.Contains(logs.String(), "Caught signal") {
 		t.Errorf("logged as a signal:\n%s", logs.String())
 	}
-	st := w.read(t, "run/nvidia/driver-agent/status.json")
-	if !strings.Contains(st, `"result": "failed"`) || !strings.Contains(st, "context canceled") {
-		t.Errorf("status.json does not keep the failure:\n%s", st)
+	st := w.readStatus(t)
+	failed := slices.ContainsFunc(st.Phases, func(p status.Timing) bool { return p.Result == "failed" })
+	if !failed || !strings.Contains(st.LastError, "context canceled") {
+		t.Errorf("status.json does not keep the failure: phases %+v, last error %q", st.Phases, st.LastError)
 	}
 	os.Remove(w.roots.InRun("nvidia/driver-agent/status.json"))
 	w.assertClean(t)
@@ -297,8 +299,8 @@ func TestPreviousShutdownFromExitCode(t *testing.T) {
 	if err := a.Run(context.Background()); exitcode.Code(err) != 1 {
 		t.Fatalf("Run = %v (code %d), want exit 1", err, exitcode.Code(err))
 	}
-	if st := w.read(t, "run/nvidia/driver-agent/status.json"); !strings.Contains(st, `"exitCode": 1`) {
-		t.Errorf("status.json lacks the exit code:\n%s", st)
+	if st := w.readStatus(t); st.ExitCode != 1 {
+		t.Errorf("status.json says exit code %d, want 1", st.ExitCode)
 	}
 	if got := previousShutdown(paths); got != "error" {
 		t.Errorf("after a failure whose error says 'in use': %q, want error", got)
