@@ -569,7 +569,7 @@ func TestCompilePathDownloadFailures(t *testing.T) {
 
 	a = w.agent(t, "--flatcar-release-url", srv.URL+"/stall/{version}/", "--insecure-skip-verify")
 	a.Source = nil
-	term := &lockedBuffer{}
+	term := &hosttest.LogBuffer{}
 	a.Terminal = term // as when stderr is a terminal: the download draws its bar there
 	cancel, done := startAgent(a)
 	waitFor(t, "the download's progress bar on the terminal", func() bool {
@@ -731,24 +731,6 @@ func TestCacheStoreHoldsReadyNotTeardown(t *testing.T) {
 	if m := w.mounter.Mounted(); len(m) != 0 {
 		t.Errorf("still mounted: %v", m)
 	}
-}
-
-// lockedBuffer is a bytes.Buffer safe for a writer and a reader in different goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // writePackage puts a precompiled package of complete stand-in modules (type-1 records, so no

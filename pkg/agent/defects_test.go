@@ -90,7 +90,7 @@ func TestDryRunLeavesTheCacheAlone(t *testing.T) {
 		rec := &host.Recorder{}
 		a.Recorder, a.Host, a.Source = rec, host.DryRun(w.roots, rec), nil
 		var out strings.Builder
-		logs := &lockedBuffer{}
+		logs := &hosttest.LogBuffer{}
 		a.Out, a.Log = &out, slog.New(slog.NewTextHandler(logs, nil))
 		if err := a.Run(context.Background()); err != nil {
 			t.Fatal(err)
@@ -250,7 +250,7 @@ func TestCancellationInsideTheRunIsNoSignal(t *testing.T) {
 	w := newWorld(t)
 	a := w.agent(t)
 	a.Source = fakeSource{dir: t.TempDir(), err: fmt.Errorf("fetch https://mirror.example/x: %w", context.Canceled)}
-	logs := &lockedBuffer{}
+	logs := &hosttest.LogBuffer{}
 	a.Log = slog.New(slog.NewTextHandler(logs, nil))
 	err := a.Run(context.Background())
 	if err == nil || exitcode.Code(err) != 1 || !strings.Contains(err.Error(), "decide: fetch https://mirror.example/x: context canceled") {

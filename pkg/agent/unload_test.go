@@ -44,7 +44,7 @@ func TestInUseAtStart(t *testing.T) {
 	}
 	w.holdDevice(t)
 	a := w.agent(t)
-	var logBuf lockedBuffer
+	var logBuf hosttest.LogBuffer
 	a.Log = slog.New(slog.NewTextHandler(&logBuf, nil))
 	start := time.Unix(1_800_000_000, 0)
 	clock := daemontest.NewInstant(start)
