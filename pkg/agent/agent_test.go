@@ -94,7 +94,7 @@ func newWorld(t *testing.T) *world {
 	})
 	w.mounter = hosttest.NewFakeMounter(w.roots)
 	writeHostModules(t, w.roots.InHost("usr/lib/modules/6.6.95-flatcar"))
-	os.WriteFile(w.roots.InDrivers("nvidia.conf"), []byte("# from the operator's ConfigMap\nNVreg_EnableGpuFirmware=18 NVreg_OpenRmEnableUnsupportedGpus=1\n"), 0o644)
+	hosttest.Must(t, os.WriteFile(w.roots.InDrivers("nvidia.conf"), []byte("# from the operator's ConfigMap\nNVreg_EnableGpuFirmware=18 NVreg_OpenRmEnableUnsupportedGpus=1\n"), 0o644))
 	w.before = files(hosttest.Snapshot(t, dir))
 	return w
 }
@@ -118,11 +118,11 @@ exit 0
 func (w *world) setupDaemons(t *testing.T) {
 	t.Helper()
 	bin := w.roots.InRoot("usr/bin/nvidia-persistenced")
-	os.MkdirAll(filepath.Dir(bin), 0o755)
+	hosttest.Must(t, os.MkdirAll(filepath.Dir(bin), 0o755))
 	if err := os.WriteFile(bin, []byte(fakePersistenced), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	os.Chmod(bin, 0o755) // the fixture's file exists already, so WriteFile kept its mode
+	hosttest.Must(t, os.Chmod(bin, 0o755)) // the fixture's file exists already, so WriteFile kept its mode
 	w.daemonLog = filepath.Join(t.TempDir(), "daemon.log")
 	t.Setenv("FAKE_DAEMON_LOG", w.daemonLog)
 	reaper, err := daemon.NewReaper(daemon.ReaperOptions{})
@@ -149,14 +149,14 @@ func writeHostModules(t *testing.T, dir string) {
 		"kernel/drivers/char/ipmi/ipmi_devintf.ko.xz": xzCompress(t, hosttest.ModuleELF("name=ipmi_devintf", "depends=ipmi_msghandler")),
 	}
 	for p, data := range mods {
-		os.MkdirAll(filepath.Dir(filepath.Join(dir, p)), 0o755)
+		hosttest.Must(t, os.MkdirAll(filepath.Dir(filepath.Join(dir, p)), 0o755))
 		if err := os.WriteFile(filepath.Join(dir, p), data, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
 	dep := "kernel/drivers/i2c/i2c-core.ko:\nkernel/drivers/char/ipmi/ipmi_msghandler.ko:\nkernel/drivers/char/ipmi/ipmi_devintf.ko.xz: kernel/drivers/char/ipmi/ipmi_msghandler.ko\n"
-	os.WriteFile(filepath.Join(dir, "modules.dep"), []byte(dep), 0o644)
-	os.WriteFile(filepath.Join(dir, "modules.builtin"), []byte("kernel/drivers/acpi/video.ko\n"), 0o644)
+	hosttest.Must(t, os.WriteFile(filepath.Join(dir, "modules.dep"), []byte(dep), 0o644))
+	hosttest.Must(t, os.WriteFile(filepath.Join(dir, "modules.builtin"), []byte("kernel/drivers/acpi/video.ko\n"), 0o644))
 }
 
 func xzCompress(t *testing.T, data []byte) []byte {
@@ -520,7 +520,7 @@ func TestNoPackageMeansNoInstallPath(t *testing.T) {
 	w := newWorld(t)
 	// Not Flatcar, and no build tree: nothing can provide modules.
 	for _, p := range []string{w.roots.InRoot("host-etc/os-release"), w.roots.InHost("usr/lib/os-release")} {
-		os.WriteFile(p, []byte("ID=ubuntu\nVERSION_ID=24.04\n"), 0o644)
+		hosttest.Must(t, os.WriteFile(p, []byte("ID=ubuntu\nVERSION_ID=24.04\n"), 0o644))
 	}
 	w.before = files(hosttest.Snapshot(t, w.dir))
 	a := w.agent(t)
@@ -596,10 +596,10 @@ func compileWorld(t *testing.T, ccScript string) (w *world, args []string, work 
 		t.Fatal(err)
 	}
 	w = newWorld(t)
-	os.WriteFile(w.roots.InProc("version"), []byte(banner+"\n"), 0o644)
-	os.WriteFile(w.roots.InProc("sys/kernel/osrelease"), []byte(release+"\n"), 0o644)
+	hosttest.Must(t, os.WriteFile(w.roots.InProc("version"), []byte(banner+"\n"), 0o644))
+	hosttest.Must(t, os.WriteFile(w.roots.InProc("sys/kernel/osrelease"), []byte(release+"\n"), 0o644))
 	src := w.roots.InRoot("usr/src/nvidia-"+testVersion, "kernel")
-	os.MkdirAll(filepath.Dir(src), 0o755)
+	hosttest.Must(t, os.MkdirAll(filepath.Dir(src), 0o755))
 	if err := buildtest.WriteSource(context.Background(), src, tree); err != nil {
 		t.Fatal(err)
 	}
@@ -752,7 +752,7 @@ func writePackage(t *testing.T, r host.Roots, name, banner string) string {
 		t.Fatal(err)
 	}
 	dir := r.InRoot("usr/src/nvidia-"+testVersion, "kernel/precompiled")
-	os.MkdirAll(dir, 0o755)
+	hosttest.Must(t, os.MkdirAll(dir, 0o755))
 	path := filepath.Join(dir, name)
 	if err := os.WriteFile(path, data, 0o644); err != nil {
 		t.Fatal(err)
@@ -765,7 +765,8 @@ func writePackage(t *testing.T, r host.Roots, name, banner string) string {
 // and a damaged cache entry is removed and rebuilt from the package.
 func TestPrecompiledThenCached(t *testing.T) {
 	w := newWorld(t)
-	banner, _ := os.ReadFile(w.roots.InProc("version"))
+	banner, err := os.ReadFile(w.roots.InProc("version"))
+	hosttest.Must(t, err)
 	writePackage(t, w.roots, "nvidia-modules-other", "Linux version 6.6.94-flatcar (build@pony) #1 SMP")
 	writePackage(t, w.roots, "nvidia-modules-6.6.95", strings.SplitN(string(banner), "\n", 2)[0])
 	w.before = files(hosttest.Snapshot(t, w.dir))
@@ -807,9 +808,10 @@ func TestPrecompiledThenCached(t *testing.T) {
 	if len(mods) != 1 {
 		t.Fatalf("cached modules %v", mods)
 	}
-	data, _ := os.ReadFile(mods[0])
+	data, err := os.ReadFile(mods[0])
+	hosttest.Must(t, err)
 	data[len(data)-1] ^= 0xff
-	os.WriteFile(mods[0], data, 0o644)
+	hosttest.Must(t, os.WriteFile(mods[0], data, 0o644))
 	if st := start(); !strings.Contains(st, `"installPath": "precompiled"`) {
 		t.Fatalf("damaged cache entry was used: %s", st)
 	}
@@ -1017,7 +1019,7 @@ func TestLoadDRMDefaultsModeset(t *testing.T) {
 // kernel's firmware search path untouched (the script only saw it alone on a line).
 func TestFirmwareOffLeavesThePathAlone(t *testing.T) {
 	w := newWorld(t)
-	os.WriteFile(w.roots.InDrivers("nvidia.conf"), []byte("NVreg_OpenRmEnableUnsupportedGpus=1 NVreg_EnableGpuFirmware=0\n"), 0o644)
+	hosttest.Must(t, os.WriteFile(w.roots.InDrivers("nvidia.conf"), []byte("NVreg_OpenRmEnableUnsupportedGpus=1 NVreg_EnableGpuFirmware=0\n"), 0o644))
 	w.before = files(hosttest.Snapshot(t, w.dir))
 	cancel, done := startAgent(w.agent(t))
 	defer cancel()
@@ -1037,13 +1039,13 @@ func TestFirmwareOffLeavesThePathAlone(t *testing.T) {
 func TestGSPFirmwareInstalledBeforeLoad(t *testing.T) {
 	w := newWorld(t)
 	src := w.roots.InRoot(imageFirmwareDir, testVersion)
-	os.MkdirAll(src, 0o755)
-	os.WriteFile(filepath.Join(src, "gsp_ga10x.bin"), bytes.Repeat([]byte{0xa5}, 1<<20), 0o644)
-	os.WriteFile(filepath.Join(src, "gsp_tu10x.bin"), []byte("tu10x"), 0o644)
+	hosttest.Must(t, os.MkdirAll(src, 0o755))
+	hosttest.Must(t, os.WriteFile(filepath.Join(src, "gsp_ga10x.bin"), bytes.Repeat([]byte{0xa5}, 1<<20), 0o644))
+	hosttest.Must(t, os.WriteFile(filepath.Join(src, "gsp_tu10x.bin"), []byte("tu10x"), 0o644))
 	// A file already there with the same size is kept as it is.
 	dst := w.roots.InRoot("lib/firmware/nvidia", testVersion)
-	os.MkdirAll(dst, 0o755)
-	os.WriteFile(filepath.Join(dst, "gsp_tu10x.bin"), []byte("TU10X"), 0o644)
+	hosttest.Must(t, os.MkdirAll(dst, 0o755))
+	hosttest.Must(t, os.WriteFile(filepath.Join(dst, "gsp_tu10x.bin"), []byte("TU10X"), 0o644))
 	w.before = files(hosttest.Snapshot(t, w.dir))
 	var atLoad []string
 	a := w.agent(t)
@@ -1116,8 +1118,8 @@ func TestStatusFollowsDaemonCrash(t *testing.T) {
 func TestStaleWorkDirsRemoved(t *testing.T) {
 	w := newWorld(t)
 	work := t.TempDir()
-	os.MkdirAll(filepath.Join(work, "driver-agent-1234", "compile", "build"), 0o700)
-	os.WriteFile(filepath.Join(work, "keep-me"), []byte("x"), 0o644)
+	hosttest.Must(t, os.MkdirAll(filepath.Join(work, "driver-agent-1234", "compile", "build"), 0o700))
+	hosttest.Must(t, os.WriteFile(filepath.Join(work, "keep-me"), []byte("x"), 0o644))
 	cancel, done := startAgent(w.agent(t, "--work-dir", work))
 	defer cancel()
 	w.waitReady(t, done)
@@ -1142,7 +1144,7 @@ func TestDryRunDriverExtension(t *testing.T) {
 		t.Run(modules, func(t *testing.T) {
 			w := newWorld(t)
 			rel := w.roots.InHost("usr/lib/extension-release.d/extension-release." + name)
-			os.MkdirAll(filepath.Dir(rel), 0o755)
+			hosttest.Must(t, os.MkdirAll(filepath.Dir(rel), 0o755))
 			if err := os.WriteFile(rel, []byte("ID=flatcar\nVERSION_ID=4230.2.1\nARCHITECTURE=x86-64\n"), 0o644); err != nil {
 				t.Fatal(err)
 			}

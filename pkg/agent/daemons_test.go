@@ -100,8 +100,8 @@ func TestVGPUGuestStartsGriddAndTopologyd(t *testing.T) {
 	setDaemonsLog(t)
 	w.writeTree(t, vgpuFiles())
 	tokDir := w.roots.InDrivers("ClientConfigToken")
-	os.Symlink("..2024_10_15", filepath.Join(tokDir, "..data"))
-	os.Symlink("..data/client_configuration_token.tok", filepath.Join(tokDir, "client_configuration_token.tok"))
+	hosttest.Must(t, os.Symlink("..2024_10_15", filepath.Join(tokDir, "..data")))
+	hosttest.Must(t, os.Symlink("..data/client_configuration_token.tok", filepath.Join(tokDir, "client_configuration_token.tok")))
 	w.before = files(hosttest.Snapshot(t, w.dir))
 
 	a := w.agent(t, "--driver-type", "vgpu")
@@ -203,9 +203,9 @@ func nvswitchWorld(t *testing.T, smi ...string) *world {
 			if err != nil {
 				t.Fatal(err)
 			}
-			os.WriteFile(filepath.Join(dir, fmt.Sprintf("%d.txt", i+1)), data, 0o644)
+			hosttest.Must(t, os.WriteFile(filepath.Join(dir, fmt.Sprintf("%d.txt", i+1)), data, 0o644))
 			if i == len(smi)-1 {
-				os.WriteFile(filepath.Join(dir, "last.txt"), data, 0o644)
+				hosttest.Must(t, os.WriteFile(filepath.Join(dir, "last.txt"), data, 0o644))
 			}
 		}
 	}

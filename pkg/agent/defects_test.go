@@ -205,7 +205,7 @@ func TestScrapesThroughoutEveryPath(t *testing.T) {
 		"no install path": func(t *testing.T) (*world, *Agent, bool) {
 			w := newWorld(t)
 			for _, p := range []string{w.roots.InRoot("host-etc/os-release"), w.roots.InHost("usr/lib/os-release")} {
-				os.WriteFile(p, []byte("ID=ubuntu\nVERSION_ID=24.04\n"), 0o644)
+				hosttest.Must(t, os.WriteFile(p, []byte("ID=ubuntu\nVERSION_ID=24.04\n"), 0o644))
 			}
 			a := w.agent(t)
 			a.Source = nil

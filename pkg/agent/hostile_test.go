@@ -13,6 +13,7 @@ import (
 
 	"github.com/driver-agent/driver-agent/pkg/exitcode"
 	"github.com/driver-agent/driver-agent/pkg/flatcar/flatcartest"
+	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
 )
 
 // TestCompilePathHostileServer: a release server that redirects to a file:// URL naming a validly
@@ -44,8 +45,8 @@ func TestCompilePathHostileServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	os.WriteFile(filepath.Join(local, flatcartest.ContainerImage), tb, 0o644)
-	os.WriteFile(filepath.Join(local, flatcartest.ContainerImage+".DIGESTS.asc"), asc, 0o644)
+	hosttest.Must(t, os.WriteFile(filepath.Join(local, flatcartest.ContainerImage), tb, 0o644))
+	hosttest.Must(t, os.WriteFile(filepath.Join(local, flatcartest.ContainerImage+".DIGESTS.asc"), asc, 0o644))
 
 	for name, c := range map[string]struct {
 		hook func(w http.ResponseWriter, r *http.Request) bool

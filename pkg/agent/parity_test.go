@@ -73,10 +73,10 @@ func TestCtrReadyRemovedWhenAgentStopsOnItsOwn(t *testing.T) {
 // setGPUs replaces the fixture's NVIDIA GPU with GPUs of these PCI device IDs.
 func (w *world) setGPUs(t *testing.T, devices ...string) {
 	t.Helper()
-	os.RemoveAll(w.roots.InSys("bus/pci/devices/0000:3b:00.0"))
+	hosttest.Must(t, os.RemoveAll(w.roots.InSys("bus/pci/devices/0000:3b:00.0")))
 	for i, dev := range devices {
 		dir := w.roots.InSys("bus/pci/devices", fmt.Sprintf("0000:%02x:00.0", 0x41+i))
-		os.MkdirAll(dir, 0o755)
+		hosttest.Must(t, os.MkdirAll(dir, 0o755))
 		for name, v := range map[string]string{"vendor": "0x10de", "device": dev, "class": "0x030200", "subsystem_vendor": "0x10de", "subsystem_device": "0x1234"} {
 			if err := os.WriteFile(filepath.Join(dir, name), []byte(v+"\n"), 0o644); err != nil {
 				t.Fatal(err)
@@ -93,7 +93,7 @@ func (w *world) installSupportedGPUs(t *testing.T, version string) {
 		t.Fatal(err)
 	}
 	p := w.roots.InRoot("usr/src/nvidia-"+version, "supported-gpus/supported-gpus.json")
-	os.MkdirAll(filepath.Dir(p), 0o755)
+	hosttest.Must(t, os.MkdirAll(filepath.Dir(p), 0o755))
 	if err := os.WriteFile(p, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +196,8 @@ func TestFlavorWithoutSupportedGPUs(t *testing.T) {
 // among its modules, as NVIDIA's packages have.
 func writePeermemPackage(t *testing.T, w *world) {
 	t.Helper()
-	banner, _ := os.ReadFile(w.roots.InProc("version"))
+	banner, err := os.ReadFile(w.roots.InProc("version"))
+	hosttest.Must(t, err)
 	p := &precompiled.Package{DriverVersion: testVersion, Description: "test", ProcVersion: strings.SplitN(string(banner), "\n", 2)[0]}
 	for _, mod := range []string{"nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-peermem"} {
 		dep := "nvidia"
@@ -216,7 +217,7 @@ func writePeermemPackage(t *testing.T, w *world) {
 		t.Fatal(err)
 	}
 	dir := w.roots.InRoot("usr/src/nvidia-"+testVersion, "kernel/precompiled")
-	os.MkdirAll(dir, 0o755)
+	hosttest.Must(t, os.MkdirAll(dir, 0o755))
 	if err := os.WriteFile(filepath.Join(dir, "nvidia-modules-6.6.95"), data, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +240,7 @@ func TestPeermemSidecarFindsInitsModules(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld(t)
-			os.RemoveAll(w.roots.InSys("bus/pci/devices/0000:5e:00.0")) // no Mellanox device yet: init does not load peermem
+			hosttest.Must(t, os.RemoveAll(w.roots.InSys("bus/pci/devices/0000:5e:00.0"))) // no Mellanox device yet: init does not load peermem
 			writePeermemPackage(t, w)
 			w.before = files(hosttest.Snapshot(t, w.dir))
 			args := append([]string{"--gpu-direct-rdma"}, tc.args(t)...)
@@ -275,9 +276,9 @@ func TestPeermemSidecarFindsInitsModules(t *testing.T) {
 
 			o := peermem.Options{Host: host.Host{Roots: w.roots, Kernel: w.kernel, Files: host.OSFiles{}}, Log: a.Log,
 				CacheDir: w.roots.InRun("nvidia/driver-agent/cache"), Wait: 2 * time.Second, Poll: 10 * time.Millisecond}
-			os.MkdirAll(w.roots.InRun("mellanox/drivers"), 0o755)
-			os.WriteFile(w.roots.InRun("mellanox/drivers/.driver-ready"), nil, 0o644)
-			os.WriteFile(w.roots.InRun("nvidia/validations/.driver-ctr-ready"), nil, 0o644)
+			hosttest.Must(t, os.MkdirAll(w.roots.InRun("mellanox/drivers"), 0o755))
+			hosttest.Must(t, os.WriteFile(w.roots.InRun("mellanox/drivers/.driver-ready"), nil, 0o644))
+			hosttest.Must(t, os.WriteFile(w.roots.InRun("nvidia/validations/.driver-ctr-ready"), nil, 0o644))
 			defer os.Remove(w.roots.InRun("mellanox/drivers/.driver-ready"))
 			sctx, scancel := context.WithCancel(context.Background())
 			sdone := make(chan error, 1)
@@ -317,8 +318,8 @@ func TestPeermemSidecarFindsInitsModules(t *testing.T) {
 func TestModulesInstalledInDriverRoot(t *testing.T) {
 	w := newWorld(t)
 	moddir := w.roots.InRoot("lib/modules/6.6.95-flatcar")
-	os.MkdirAll(moddir, 0o755)
-	os.WriteFile(filepath.Join(moddir, "modules.dep"), []byte("kernel/lib/crc7.ko:\nkernel/drivers/video/nvidia.ko:\n"), 0o644)
+	hosttest.Must(t, os.MkdirAll(moddir, 0o755))
+	hosttest.Must(t, os.WriteFile(filepath.Join(moddir, "modules.dep"), []byte("kernel/lib/crc7.ko:\nkernel/drivers/video/nvidia.ko:\n"), 0o644))
 	w.before = files(hosttest.Snapshot(t, w.dir))
 	cancel, done := startAgent(w.agent(t, "--load-drm"))
 	defer cancel()

@@ -70,7 +70,7 @@ func TestInUseAtStart(t *testing.T) {
 		t.Errorf("kernel call %q: nothing may be loaded or unloaded while the old driver is in use", c)
 	}
 	path := filepath.Join(t.TempDir(), "termination-log")
-	os.WriteFile(path, nil, 0o644)
+	hosttest.Must(t, os.WriteFile(path, nil, 0o644))
 	WriteTerminationLog(path, err)
 	if got, _ := os.ReadFile(path); !strings.HasPrefix(string(got), "driver-agent exit 10: load: ") ||
 		!strings.Contains(string(got), "driver is in use") || !strings.Contains(string(got), "pid 4242 (python3)") {
