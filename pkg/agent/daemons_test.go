@@ -238,10 +238,10 @@ func TestFabricStateGatesReadiness(t *testing.T) {
 		fabricDetail string // and fabricDetail
 		metric       string
 	}{
-		{"in progress, then completed", []string{"h100-in-progress.txt", "h100-completed.txt"}, "2",
-			"completed", "2 GPUs Completed/Success", `driver_agent_fabric_state{state="completed"} 1`},
-		{"no nvidia-smi in the image", nil, "",
-			"unknown", "nvidia-smi is not in the image", ""},
+		{name: "in progress, then completed", smi: []string{"h100-in-progress.txt", "h100-completed.txt"}, calls: "2",
+			fabric: "completed", fabricDetail: "2 GPUs Completed/Success", metric: `driver_agent_fabric_state{state="completed"} 1`},
+		{name: "no nvidia-smi in the image",
+			fabric: "unknown", fabricDetail: "nvidia-smi is not in the image"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -324,12 +324,12 @@ func TestFabricFailureIsNotReady(t *testing.T) {
 		want    []string
 		fabric  string // in the last status.json written
 	}{
-		{"a GPU reports an error", []string{"h100-in-progress.txt", "h100-insufficient-resources.txt"}, time.Minute,
-			[]string{"the NVSwitch fabric reports a failure although nv-fabricmanager is running", "1 of 2 GPUs: GPU 00000000:2A:00.0: Completed/Insufficient Resources"},
-			"failed"},
-		{"in progress past the timeout", []string{"h100-not-started.txt", "h100-in-progress.txt"}, 300 * time.Millisecond,
-			[]string{"the NVSwitch fabric is still in progress 300ms after nv-fabricmanager came up", "GPU 00000000:2A:00.0: "}, // Not Started or In Progress, by the machine's speed
-			"in_progress"},
+		{name: "a GPU reports an error", smi: []string{"h100-in-progress.txt", "h100-insufficient-resources.txt"}, timeout: time.Minute,
+			want:   []string{"the NVSwitch fabric reports a failure although nv-fabricmanager is running", "1 of 2 GPUs: GPU 00000000:2A:00.0: Completed/Insufficient Resources"},
+			fabric: "failed"},
+		{name: "in progress past the timeout", smi: []string{"h100-not-started.txt", "h100-in-progress.txt"}, timeout: 300 * time.Millisecond,
+			want:   []string{"the NVSwitch fabric is still in progress 300ms after nv-fabricmanager came up", "GPU 00000000:2A:00.0: "}, // Not Started or In Progress, by the machine's speed
+			fabric: "in_progress"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -129,11 +129,11 @@ func TestFlavorFromGPUs(t *testing.T) {
 		flavor  string
 		reason  string
 	}{
-		{"pre-Turing", []string{"0x1db4", "0x1db4"}, v580, "kernel", "the open modules do not support 0000:41:00.0 [10de:1db4] Tesla V100-PCIE-16GB, 0000:42:00.0 [10de:1db4]"},
-		{"Turing+", []string{"0x1eb8", "0x2330"}, v580, "kernel-open", "all 2 GPU(s) support both flavours, and branch 580 defaults to the open modules"},
-		{"mixed", []string{"0x2330", "0x1db6"}, v580, "kernel", "the open modules do not support 0000:42:00.0 [10de:1db6] Tesla V100-PCIE-32GB"},
-		{"self-hosted on an old branch", []string{"0x2342"}, testVersion, "kernel-open", "the open modules are required by 0000:41:00.0 [10de:2342] NVIDIA GH200 120GB"},
-		{"no GPU", nil, v580, "kernel-open", "no NVIDIA GPU on the PCI bus: the branch rule, branch 580 >= 560 defaults to open modules"},
+		{name: "pre-Turing", devices: []string{"0x1db4", "0x1db4"}, version: v580, flavor: "kernel", reason: "the open modules do not support 0000:41:00.0 [10de:1db4] Tesla V100-PCIE-16GB, 0000:42:00.0 [10de:1db4]"},
+		{name: "Turing+", devices: []string{"0x1eb8", "0x2330"}, version: v580, flavor: "kernel-open", reason: "all 2 GPU(s) support both flavours, and branch 580 defaults to the open modules"},
+		{name: "mixed", devices: []string{"0x2330", "0x1db6"}, version: v580, flavor: "kernel", reason: "the open modules do not support 0000:42:00.0 [10de:1db6] Tesla V100-PCIE-32GB"},
+		{name: "self-hosted on an old branch", devices: []string{"0x2342"}, version: testVersion, flavor: "kernel-open", reason: "the open modules are required by 0000:41:00.0 [10de:2342] NVIDIA GH200 120GB"},
+		{name: "no GPU", version: v580, flavor: "kernel-open", reason: "no NVIDIA GPU on the PCI bus: the branch rule, branch 580 >= 560 defaults to open modules"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld(t)
@@ -231,20 +231,25 @@ func writePeermemPackage(t *testing.T, w *world) {
 func TestPeermemSidecarFindsInitsModules(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		args func(t *testing.T) []string
+		// args gives init's cache flags and the cache status.json must then name ("" for none).
+		args func(t *testing.T) (args []string, cacheDir string)
+		// inDriverRoot: the sidecar can only have found nvidia-peermem.ko in the driver root.
+		inDriverRoot bool
 	}{
-		{"non-default cache dir", func(t *testing.T) []string {
-			return []string{"--cache-dir", filepath.Join(t.TempDir(), "hostpath-cache")}
+		{name: "non-default cache dir", args: func(t *testing.T) ([]string, string) {
+			dir := filepath.Join(t.TempDir(), "hostpath-cache")
+			return []string{"--cache-dir", dir}, dir
 		}},
-		{"cache off", func(t *testing.T) []string { return []string{"--cache-max-entries", "0"} }},
+		{name: "cache off", args: func(t *testing.T) ([]string, string) { return []string{"--cache-max-entries", "0"}, "" },
+			inDriverRoot: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld(t)
 			hosttest.Must(t, os.RemoveAll(w.roots.InSys("bus/pci/devices/0000:5e:00.0"))) // no Mellanox device yet: init does not load peermem
 			writePeermemPackage(t, w)
 			w.before = files(hosttest.Snapshot(t, w.dir))
-			args := append([]string{"--gpu-direct-rdma"}, tc.args(t)...)
-			a := w.agent(t, args...)
+			cacheArgs, wantCache := tc.args(t)
+			a := w.agent(t, append([]string{"--gpu-direct-rdma"}, cacheArgs...)...)
 			a.Source = nil
 			cancel, done := startAgent(a)
 			defer cancel()
@@ -260,11 +265,8 @@ func TestPeermemSidecarFindsInitsModules(t *testing.T) {
 			if st.ModulesDir != w.roots.InRun("nvidia/driver/lib/modules/6.6.95-flatcar/kernel/drivers/video") {
 				t.Errorf("status.json modulesDir = %q", st.ModulesDir)
 			}
-			if tc.name == "cache off" && st.ModulesCacheDir != "" {
-				t.Errorf("status.json names a cache although it is off: %q", st.ModulesCacheDir)
-			}
-			if tc.name != "cache off" && st.ModulesCacheDir != args[len(args)-1] {
-				t.Errorf("status.json modulesCacheDir = %q, want %q", st.ModulesCacheDir, args[len(args)-1])
+			if st.ModulesCacheDir != wantCache {
+				t.Errorf("status.json modulesCacheDir = %q, want %q (\"\": the cache is off)", st.ModulesCacheDir, wantCache)
 			}
 			// The node sees the container root at /run/nvidia/driver (an rbind; the fake mounter only records it).
 			shared := w.roots.InRun("nvidia/driver")
@@ -291,7 +293,7 @@ func TestPeermemSidecarFindsInitsModules(t *testing.T) {
 				}
 				return slices.Contains(w.kernel.Loaded(), "nvidia_peermem")
 			}, done)
-			if tc.name == "cache off" {
+			if tc.inDriverRoot {
 				if _, err := os.Stat(filepath.Join(installed, "nvidia-peermem.ko")); err != nil {
 					t.Errorf("nvidia-peermem.ko is not installed in the driver root: %v", err)
 				}
