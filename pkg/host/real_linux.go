@@ -140,7 +140,16 @@ func (OSExec) Run(ctx context.Context, c Cmd, out *os.File) error {
 // workloads on the node do not starve it any more than they would the agent. The
 // goroutine must not call runtime.UnlockOSThread: the thread then ends with it, and its
 // priority with it, so no other goroutine ever runs at that priority.
+//
+// Nice only decides between threads that want a CPU; Go code runs only on a thread that holds
+// one of GOMAXPROCS Ps. With one P (one CPU, or a CPU limit of one) the locked thread takes the
+// only P for each of its turns in the Go scheduler, nice or not, and the other goroutines wait
+// for it: so GOMAXPROCS is raised to at least 2, leaving a P for the rest of the agent whenever
+// the lowered thread runs Go code, and the kernel then prefers the other thread as nice says.
 func LowerThreadPriority() error {
+	if runtime.GOMAXPROCS(0) < 2 {
+		runtime.GOMAXPROCS(2)
+	}
 	runtime.LockOSThread()
 	if err := unix.Setpriority(unix.PRIO_PROCESS, 0, 19); err != nil {
 		return fmt.Errorf("lower the thread's priority: %w", err)

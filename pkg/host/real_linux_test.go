@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -143,8 +144,10 @@ func threadNice(tid int) (int, bool) {
 }
 
 // TestLowerThreadPriority: the calling goroutine's thread gets nice 19, the test's own thread
-// keeps its own, and the thread ends with the goroutine.
+// keeps its own, the process has at least two Ps (one left for the rest when the lowered thread
+// runs), and the thread ends with the goroutine.
 func TestLowerThreadPriority(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1)) // as on a node with one CPU
 	type result struct {
 		tid, nice int
 		err       error
@@ -163,6 +166,9 @@ func TestLowerThreadPriority(t *testing.T) {
 	}
 	if n, _ := threadNice(unix.Gettid()); n != own {
 		t.Errorf("the test's own thread has nice %d, want %d as before", n, own)
+	}
+	if n := runtime.GOMAXPROCS(0); n < 2 {
+		t.Errorf("GOMAXPROCS is %d after LowerThreadPriority, want at least 2", n)
 	}
 	// On the main thread the runtime cannot end the thread; it parks it for good instead, and no
 	// goroutine runs there again.
