@@ -44,7 +44,8 @@ func TestVMBench(t *testing.T) {
 	if len(recs) == 0 {
 		t.Fatalf("no VMTEST-BENCH lines; console:\n%s", res.log())
 	}
-	fmt.Fprint(os.Stdout, benchReport(recs, runs, r.details))
+	cpus, _ := vmCPUs() // the boot checked it
+	fmt.Fprint(os.Stdout, benchReport(recs, runs, cpus, r.details))
 }
 
 var benchLine = regexp.MustCompile(`VMTEST-BENCH (.*)$`)
@@ -115,7 +116,7 @@ func (s stats) String() string {
 
 // benchReport renders the figures: per kind the time to Ready and the teardown, the agent's
 // peak RSS and phases, and the ratios and overheads against the scripts (medians).
-func benchReport(recs []benchRecord, runs int, notes string) string {
+func benchReport(recs []benchRecord, runs, cpus int, notes string) string {
 	field := func(kind, key string) []float64 {
 		var v []float64
 		for _, r := range recs {
@@ -126,7 +127,7 @@ func benchReport(recs []benchRecord, runs int, notes string) string {
 		return v
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "\nvm-bench: %d runs of each, in one boot (qemu TCG, 1 vCPU); milliseconds unless noted\n%s\n\n", runs, notes)
+	fmt.Fprintf(&b, "\nvm-bench: %d runs of each, in one boot (qemu TCG, %d vCPU); milliseconds unless noted\n%s\n\n", runs, cpus, notes)
 	kinds := []string{"precompiled", "cached", "script-min", "script-full"}
 	for _, k := range kinds {
 		fmt.Fprintf(&b, "%-12s start to Ready   %s  (n=%d)\n", k, summarize(field(k, "ready_ms")), len(field(k, "ready_ms")))

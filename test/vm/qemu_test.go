@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -39,14 +40,28 @@ func (b bootResult) log() string {
 // defaultMemMiB is the guest's memory unless a group asks for more.
 const defaultMemMiB = 1024
 
-// qemuArgs is the command line of one boot: TCG (KVM does not work on these machines), no
-// network, no reboot (with panic=-1 a dead /init ends qemu), the console on the serial port.
-func qemuArgs(kernel, initrd string, memMiB int) []string {
+// vmCPUs is the guest's vCPUs: DRIVER_AGENT_VM_CPUS, default 1.
+func vmCPUs() (int, error) {
+	v := os.Getenv("DRIVER_AGENT_VM_CPUS")
+	if v == "" {
+		return 1, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > 64 {
+		return 0, fmt.Errorf("DRIVER_AGENT_VM_CPUS=%q: want a number of vCPUs from 1 to 64", v)
+	}
+	return n, nil
+}
+
+// qemuArgs is the command line of one boot: TCG (KVM does not work on these machines), cpus
+// vCPUs, no network, no reboot (with panic=-1 a dead /init ends qemu), the console on the serial
+// port.
+func qemuArgs(kernel, initrd string, memMiB, cpus int) []string {
 	if memMiB <= 0 {
 		memMiB = defaultMemMiB
 	}
 	return []string{
-		"-accel", "tcg", "-m", strconv.Itoa(memMiB), "-smp", "1",
+		"-accel", "tcg", "-m", strconv.Itoa(memMiB), "-smp", strconv.Itoa(cpus),
 		"-nodefaults", "-no-user-config", "-display", "none", "-monitor", "none",
 		"-serial", "stdio", "-nic", "none", "-no-reboot",
 		"-kernel", kernel, "-initrd", initrd,

@@ -270,7 +270,11 @@ func (h *harness) bootInitrd(t *testing.T, g group, initrd string, qemu ...strin
 	if os.Getenv("DRIVER_AGENT_VM_CONSOLE") != "" {
 		live = func(l consoleLine) { fmt.Fprintf(os.Stderr, "[%s %6.2fs] %s\n", g.name, l.at.Seconds(), l.text) }
 	}
-	args := append(qemuArgs(h.tl.vmlinuz, initrd, g.memMiB), qemu...)
+	cpus, err := vmCPUs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := append(qemuArgs(h.tl.vmlinuz, initrd, g.memMiB, cpus), qemu...)
 	res := bootArgs(context.Background(), h.tl.qemu, args, g.timeout, live)
 	if dir := os.Getenv("DRIVER_AGENT_VM_LOGDIR"); dir != "" {
 		if err := os.WriteFile(filepath.Join(dir, "vm-"+h.tl.name+"-"+g.name+".log"), []byte(res.log()), 0o644); err != nil {
