@@ -6,10 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/driver-agent/driver-agent/pkg/host"
 )
 
 // KernelImage is the release's kernel, whose banner names the kernel release its build tree is
@@ -58,7 +58,7 @@ func (f *Fetcher) File(ctx context.Context, rel Release, name, dest string) (str
 		ErrNotFound, name, rel.Board, rel.Version, strings.Join(urlsOf(bases), ", "))
 }
 
-func (f *Fetcher) fileFrom(ctx context.Context, u, dest string) (err error) {
+func (f *Fetcher) fileFrom(ctx context.Context, u, dest string) error {
 	sum, signer, err := f.signedDigest(ctx, u+".DIGESTS.asc")
 	if err != nil {
 		return err
@@ -68,33 +68,28 @@ func (f *Fetcher) fileFrom(ctx context.Context, u, dest string) (err error) {
 		return err
 	}
 	defer b.Close()
-	tmp, err := os.CreateTemp(filepath.Dir(dest), "."+filepath.Base(dest)+".tmp-")
+	var n int64
+	err = host.WriteAtomicFrom(dest, 0o600, func(w io.Writer) error {
+		h := sha512.New()
+		prog := startProgress(f.log, u, b.size, f.opts.ProgressInterval, f.opts.Progress)
+		var err error
+		n, err = io.Copy(io.MultiWriter(w, h, prog), io.LimitReader(b, f.opts.MaxDownloadSize+1))
+		prog.finish(err == nil)
+		switch {
+		case b.err != nil:
+			return b.err
+		case err != nil:
+			return fmt.Errorf("download %s: %w", u, err)
+		case n > f.opts.MaxDownloadSize:
+			return fmt.Errorf("%w: %s is larger than %d bytes", ErrVerify, u, f.opts.MaxDownloadSize)
+		case sum != nil && !slices.Equal(h.Sum(nil), sum):
+			return fmt.Errorf("%w: SHA512 of %s is %x, the DIGESTS say %x", ErrVerify, u, h.Sum(nil), sum)
+		}
+		return nil
+	})
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	h := sha512.New()
-	prog := startProgress(f.log, u, b.size, f.opts.ProgressInterval, f.opts.Progress)
-	n, err := io.Copy(io.MultiWriter(tmp, h, prog), io.LimitReader(b, f.opts.MaxDownloadSize+1))
-	prog.finish(err == nil)
-	switch {
-	case b.err != nil:
-		return b.err
-	case err != nil:
-		return fmt.Errorf("download %s: %w", u, err)
-	case n > f.opts.MaxDownloadSize:
-		return fmt.Errorf("%w: %s is larger than %d bytes", ErrVerify, u, f.opts.MaxDownloadSize)
-	case sum != nil && !slices.Equal(h.Sum(nil), sum):
-		return fmt.Errorf("%w: SHA512 of %s is %x, the DIGESTS say %x", ErrVerify, u, h.Sum(nil), sum)
-	}
-	if err = tmp.Close(); err != nil {
-		return err
-	}
 	f.log.Info("Flatcar release file downloaded", "url", u, "bytes", n, "verified_signature", signer != "")
-	return os.Rename(tmp.Name(), dest)
+	return nil
 }

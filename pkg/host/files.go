@@ -28,15 +28,29 @@ func (OSFiles) WriteFile(path string, data []byte, perm os.FileMode, atomic bool
 // WriteAtomic writes data to a temporary file beside path, syncs it and renames it over path, so a
 // reader sees either the old or the new content, never a partial one.
 func WriteAtomic(path string, data []byte, perm os.FileMode) error {
+	return WriteAtomicFrom(path, perm, func(w io.Writer) error {
+		if _, err := w.Write(data); err != nil {
+			return fmt.Errorf("write %s: %w", path, err)
+		}
+		return nil
+	})
+}
+
+// WriteAtomicFrom is WriteAtomic for content that is streamed: fill writes it to a temporary file
+// beside path, which is then synced, given perm and renamed over path. When fill or any step fails
+// the temporary file is removed and path is left as it was; fill's error is returned as it is.
+func WriteAtomicFrom(path string, perm os.FileMode, fill func(io.Writer) error) error {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
 	if err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	name := tmp.Name()
-	_, werr := tmp.Write(data)
-	if werr == nil {
-		werr = tmp.Sync()
+	if err := fill(tmp); err != nil {
+		tmp.Close()
+		os.Remove(name)
+		return err
 	}
+	werr := tmp.Sync()
 	if werr == nil {
 		werr = tmp.Chmod(perm)
 	}
@@ -69,33 +83,16 @@ func (OSFiles) RemoveAll(path string) error { return os.RemoveAll(path) }
 func (OSFiles) Link(src, dst string) error { return os.Link(src, dst) }
 
 // CopyFile implements Files.
-func (OSFiles) CopyFile(src, dst string, perm os.FileMode) (err error) {
+func (OSFiles) CopyFile(src, dst string, perm os.FileMode) error {
 	in, err := os.Open(src)
 	if err != nil {
 		return err
 	}
 	defer in.Close()
-	tmp, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".tmp-")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
+	return WriteAtomicFrom(dst, perm, func(w io.Writer) error {
+		if _, err := io.Copy(w, in); err != nil {
+			return fmt.Errorf("copy %s: %w", src, err)
 		}
-	}()
-	if _, err = io.Copy(tmp, in); err != nil {
-		return fmt.Errorf("copy %s: %w", src, err)
-	}
-	if err = tmp.Chmod(perm); err != nil {
-		return err
-	}
-	if err = tmp.Sync(); err != nil {
-		return err
-	}
-	if err = tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), dst)
+		return nil
+	})
 }

@@ -1,0 +1,49 @@
+package host
+
+import (
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// TestWriteAtomicFrom checks that a streamed write lands whole with its mode, and that a failed one
+// leaves the old file as it was and no temporary file beside it.
+func TestWriteAtomicFrom(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "f")
+	if err := WriteAtomic(path, []byte("old"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	boom := errors.New("boom")
+	err := WriteAtomicFrom(path, 0o644, func(w io.Writer) error {
+		if _, err := io.WriteString(w, "partial"); err != nil {
+			return err
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("WriteAtomicFrom = %v, want the fill error", err)
+	}
+	if b, err := os.ReadFile(path); err != nil || string(b) != "old" {
+		t.Fatalf("after a failed write the file is %q, %v; want the old content", b, err)
+	}
+	if err := WriteAtomicFrom(path, 0o644, func(w io.Writer) error {
+		_, err := io.WriteString(w, "new")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil || string(b) != "new" {
+		t.Fatalf("the file is %q, %v; want new", b, err)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o644 {
+		t.Fatalf("mode %v, %v; want 0644", fi.Mode().Perm(), err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil || len(entries) != 1 {
+		t.Fatalf("the directory holds %v, %v; want only f", entries, err)
+	}
+}
