@@ -272,6 +272,20 @@ func Read(r io.Reader) (*Package, error) {
 
 // ReadFile reads and parses the package file at path.
 func ReadFile(path string) (*Package, error) {
+	b, err := readFileLimited(path)
+	if err != nil {
+		return nil, err
+	}
+	p, err := Parse(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return p, nil
+}
+
+// readFileLimited reads the file at path, refusing one over MaxPackageSize: a package, or a file
+// that is to become a member of one.
+func readFileLimited(path string) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -288,11 +302,7 @@ func ReadFile(path string) (*Package, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	p, err := Parse(b)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return p, nil
+	return b, nil
 }
 
 // readLimited reads all of r, failing with ErrTooLarge beyond limit bytes.

@@ -3,7 +3,6 @@ package precompiled
 import (
 	"bytes"
 	"fmt"
-	"os"
 	"path/filepath"
 )
 
@@ -102,7 +101,7 @@ func (p *Package) AddKernelInterface(path, linkedModuleName, coreObjectName, tar
 	if (linkedModule == "") != (signedModule == "") {
 		return fmt.Errorf("%w: %s: a linked module and a signed module must be given together", ErrInvalid, path)
 	}
-	data, err := readMember(path)
+	data, err := readFileLimited(path)
 	if err != nil {
 		return err
 	}
@@ -111,11 +110,11 @@ func (p *Package) AddKernelInterface(path, linkedModuleName, coreObjectName, tar
 		return fmt.Errorf("%s: %w", path, err)
 	}
 	if linkedModule != "" {
-		linked, err := readMember(linkedModule)
+		linked, err := readFileLimited(linkedModule)
 		if err != nil {
 			return err
 		}
-		signed, err := readMember(signedModule)
+		signed, err := readFileLimited(signedModule)
 		if err != nil {
 			return err
 		}
@@ -130,7 +129,7 @@ func (p *Package) AddKernelInterface(path, linkedModuleName, coreObjectName, tar
 // mkprecompiled's --kernel-module path [--signed] [--target-directory
 // targetDir]. The member is named after the basename of path.
 func (p *Package) AddKernelModule(path, targetDir string, signed bool) error {
-	data, err := readMember(path)
+	data, err := readFileLimited(path)
 	if err != nil {
 		return err
 	}
@@ -139,25 +138,4 @@ func (p *Package) AddKernelModule(path, targetDir string, signed bool) error {
 		return fmt.Errorf("%s: %w", path, err)
 	}
 	return p.Append(f)
-}
-
-// readMember reads a pack input, refusing files over MaxPackageSize.
-func readMember(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	var hint int64
-	if st, err := f.Stat(); err == nil && st.Mode().IsRegular() {
-		if st.Size() > MaxPackageSize {
-			return nil, fmt.Errorf("%s: %w: %d bytes, limit %d", path, ErrTooLarge, st.Size(), MaxPackageSize)
-		}
-		hint = st.Size()
-	}
-	b, err := readLimited(f, hint, MaxPackageSize)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return b, nil
 }
