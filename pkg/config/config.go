@@ -18,6 +18,7 @@ import (
 	"unicode"
 
 	"github.com/driver-agent/driver-agent/pkg/exitcode"
+	"github.com/driver-agent/driver-agent/pkg/fabric"
 	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/modparams"
 )
@@ -82,7 +83,6 @@ type Option struct {
 
 var (
 	versionRE = regexp.MustCompile(`^[0-9]+\.[0-9]+(\.[0-9]+)?$`)
-	nvfmKeyRE = regexp.MustCompile(`^[A-Z0-9_]+$`)
 	wordRE    = regexp.MustCompile(`^[A-Za-z0-9_-]{1,32}$`)
 )
 
@@ -374,15 +374,11 @@ func nvfmFromEnv(env map[string]string) (map[string]string, error) {
 		if !ok {
 			continue
 		}
-		val := env[name]
-		switch {
-		case !nvfmKeyRE.MatchString(key):
-			errs = append(errs, fmt.Errorf("%s: the fabric manager key %q must match [A-Z0-9_]+", name, key))
-		case strings.ContainsAny(val, "\n\r\x00"):
-			errs = append(errs, fmt.Errorf("%s=%q: want a single-line value", name, val))
-		default:
-			out[key] = val
+		if err := fabric.CheckOverride(key, env[name]); err != nil {
+			errs = append(errs, err)
+			continue
 		}
+		out[key] = env[name]
 	}
 	return out, errors.Join(errs...)
 }

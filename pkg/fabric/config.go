@@ -171,21 +171,29 @@ type Edited struct {
 	Warnings []string // overrides that were appended or ignored, lines that were not understood
 }
 
-// ValidateOverrides checks NVFM_CONFIG_<KEY>=<value> overrides: keys match ^[A-Z0-9_]+$ and
-// values are a single line without NUL. The error wraps exitcode.ErrConfig and names each bad one.
+// ValidateOverrides checks NVFM_CONFIG_<KEY>=<value> overrides with CheckOverride. The error wraps
+// exitcode.ErrConfig and names each bad one.
 func ValidateOverrides(overrides map[string]string) error {
 	var errs []error
 	for _, k := range sortedKeys(overrides) {
-		v := overrides[k]
-		switch {
-		case !keyRE.MatchString(k):
-			errs = append(errs, fmt.Errorf("NVFM_CONFIG_%s: the key %q must match ^[A-Z0-9_]+$", k, k))
-		case strings.ContainsAny(v, "\n\r\x00"):
-			errs = append(errs, fmt.Errorf("NVFM_CONFIG_%s=%q: the value must be a single line without NUL", k, v))
+		if err := CheckOverride(k, overrides[k]); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: fabric manager overrides: %w", exitcode.ErrConfig, errors.Join(errs...))
+	}
+	return nil
+}
+
+// CheckOverride checks one NVFM_CONFIG_<KEY>=<value> override: the key matches ^[A-Z0-9_]+$ and
+// the value is a single line without NUL.
+func CheckOverride(key, value string) error {
+	switch {
+	case !keyRE.MatchString(key):
+		return fmt.Errorf("NVFM_CONFIG_%s: the fabric manager key %q must match [A-Z0-9_]+", key, key)
+	case strings.ContainsAny(value, "\n\r\x00"):
+		return fmt.Errorf("NVFM_CONFIG_%s=%q: want a single-line value without NUL", key, value)
 	}
 	return nil
 }
