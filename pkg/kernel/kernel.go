@@ -234,21 +234,37 @@ func UnloadOrder(sys string, want []string) ([]string, error) {
 			return nil, err
 		}
 	}
-	// Depth-first: emit every holder before the module it holds.
-	var order []string
+	names := make([]string, 0, len(holders))
+	for n := range holders {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	// Every holder before the module it holds.
+	return DepthFirst(names, func(n string) []string { return holders[n] }, "holder")
+}
+
+// DepthFirst orders nodes so that each comes after every one of nodes that after(node) names
+// (the others are ignored), keeping the order of nodes where it is free. A cycle is an error that
+// names one module on it, as a module <what> cycle.
+func DepthFirst(nodes []string, after func(string) []string, what string) ([]string, error) {
+	in := make(map[string]bool, len(nodes))
+	for _, n := range nodes {
+		in[n] = true
+	}
+	order := make([]string, 0, len(nodes))
 	state := map[string]int{} // 1 visiting, 2 done
-	var emit func(name string) error
-	emit = func(name string) error {
+	var visit func(name string) error
+	visit = func(name string) error {
 		switch state[name] {
 		case 1:
-			return fmt.Errorf("module holder cycle through %s", name)
+			return fmt.Errorf("module %s cycle through %s", what, name)
 		case 2:
 			return nil
 		}
 		state[name] = 1
-		for _, h := range holders[name] {
-			if _, ok := holders[h]; ok {
-				if err := emit(h); err != nil {
+		for _, a := range after(name) {
+			if in[a] {
+				if err := visit(a); err != nil {
 					return err
 				}
 			}
@@ -257,13 +273,8 @@ func UnloadOrder(sys string, want []string) ([]string, error) {
 		order = append(order, name)
 		return nil
 	}
-	names := make([]string, 0, len(holders))
-	for n := range holders {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		if err := emit(n); err != nil {
+	for _, n := range nodes {
+		if err := visit(n); err != nil {
 			return nil, err
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -147,5 +148,20 @@ func TestUnloadOrder(t *testing.T) {
 	m, err := ReadSysModule(sys, "nvidia")
 	if err != nil || m.Version != "535.1" || m.RefCnt != 4 || len(m.Holders) != 3 {
 		t.Errorf("ReadSysModule = %+v, %v", m, err)
+	}
+}
+
+// TestDepthFirst checks the order (each node after what it names, the given order where free,
+// names outside the set ignored) and that a cycle is an error naming the kind of edge.
+func TestDepthFirst(t *testing.T) {
+	edges := map[string][]string{"a": {"c", "outside"}, "b": nil, "c": {"b"}}
+	got, err := DepthFirst([]string{"a", "b", "c"}, func(n string) []string { return edges[n] }, "dependency")
+	if err != nil || !slices.Equal(got, []string{"b", "c", "a"}) {
+		t.Fatalf("DepthFirst = %v, %v; want [b c a]", got, err)
+	}
+	edges["b"] = []string{"a"}
+	_, err = DepthFirst([]string{"a", "b", "c"}, func(n string) []string { return edges[n] }, "holder")
+	if err == nil || !strings.Contains(err.Error(), "module holder cycle through ") {
+		t.Fatalf("DepthFirst on a cycle = %v, want a module holder cycle error", err)
 	}
 }

@@ -36,33 +36,23 @@ func Resolve(images []host.ModuleImage) ([]File, error) {
 		byName[f.Image.Name] = len(files)
 		files = append(files, f)
 	}
-	var ordered []File
-	state := map[string]int{}
-	var visit func(i int) error
-	visit = func(i int) error {
-		name := files[i].Image.Name
-		switch state[name] {
-		case 1:
-			return fmt.Errorf("module dependency cycle through %s", name)
-		case 2:
-			return nil
-		}
-		state[name] = 1
-		for _, d := range files[i].Info.Depends {
-			if j, ok := byName[kernel.Normalize(d)]; ok {
-				if err := visit(j); err != nil {
-					return err
-				}
-			}
-		}
-		state[name] = 2
-		ordered = append(ordered, files[i])
-		return nil
+	names := make([]string, len(files))
+	for i, f := range files {
+		names[i] = f.Image.Name
 	}
-	for i := range files {
-		if err := visit(i); err != nil {
-			return nil, err
+	order, err := kernel.DepthFirst(names, func(name string) []string {
+		var deps []string
+		for _, d := range files[byName[name]].Info.Depends {
+			deps = append(deps, kernel.Normalize(d))
 		}
+		return deps
+	}, "dependency")
+	if err != nil {
+		return nil, err
+	}
+	ordered := make([]File, len(order))
+	for i, name := range order {
+		ordered[i] = files[byName[name]]
 	}
 	return ordered, nil
 }
