@@ -1,6 +1,6 @@
 // Package kernel reads the running kernel's identity and module state from procfs and sysfs:
 // the release, the /proc/version banner, /proc/modules, /sys/module/<name>/{version,refcnt,holders},
-// and the order in which loaded modules can be removed.
+// the mount points in /proc/self/mountinfo, and the order in which loaded modules can be removed.
 package kernel
 
 import (
