@@ -65,4 +65,3 @@ func isOctal(s string) bool {
 	}
 	return true
 }
-
