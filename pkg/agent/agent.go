@@ -57,9 +57,9 @@ type Agent struct {
 	Terminal io.Writer
 	// BeforePhase, when set, is called as each phase starts (tests use it to interrupt a phase).
 	BeforePhase func(phase string)
-	// Now is the clock; nil means time.Now.
-	Now func() time.Time
-	// Clock times the unload's retries and its bound at start; nil means the wall clock.
+	// Clock is the run's one clock: timestamps, deadlines, polls and timers (the unload's
+	// retries, the daemons' timeouts, the fabric and host-driver waits, the heartbeat); nil means
+	// the wall clock.
 	Clock daemon.Clock
 	// LoadOnly is the load command (NVIDIA's script's load-only run): never compile; exit 11 when
 	// no precompiled package or cached build matches.
@@ -97,6 +97,7 @@ type undo struct {
 type run struct {
 	*Agent
 	cfg      *config.Config
+	clock    daemon.Clock
 	st       status.Writer
 	src      Source
 	writeMu  sync.Mutex // serialises status.json writes
@@ -127,10 +128,10 @@ type phase struct {
 func (a *Agent) Run(ctx context.Context) (err error) {
 	cfg := a.Config
 	r := &run{Agent: a, cfg: cfg, st: status.Writer{Files: a.Host.Files, Paths: status.Paths{Run: a.Host.Run}}}
-	if r.Now == nil {
-		r.Now = time.Now
+	if r.clock = a.Clock; r.clock == nil {
+		r.clock = daemon.WallClock{}
 	}
-	r.status = status.Status{Phase: "starting", DriverVersion: cfg.DriverVersion, Node: cfg.NodeName, PID: os.Getpid(), Started: r.Now()}
+	r.status = status.Status{Phase: "starting", DriverVersion: cfg.DriverVersion, Node: cfg.NodeName, PID: os.Getpid(), Started: r.clock.Now()}
 	r.errors = map[string]float64{}
 	a.Log.Info("========== NVIDIA Software Installer ==========")
 	release, rerr := kernel.Release(a.Host.Proc)
@@ -234,7 +235,7 @@ func (r *run) update(fn func(s *status.Status)) {
 func (r *run) setPhase(name string) {
 	r.mu.Lock()
 	r.status.Phase = name
-	r.beat = r.Now()
+	r.beat = r.clock.Now()
 	r.mu.Unlock()
 	r.writeStatus()
 }
@@ -248,7 +249,7 @@ func (r *run) writeStatus() {
 	r.writeMu.Lock()
 	defer r.writeMu.Unlock()
 	r.mu.Lock()
-	r.status.Updated = r.Now()
+	r.status.Updated = r.clock.Now()
 	s := r.status
 	s.Phases = append([]status.Timing(nil), r.status.Phases...)
 	s.Daemons = append([]status.Daemon(nil), r.status.Daemons...)
@@ -266,7 +267,7 @@ func (r *run) runPhases(ctx context.Context, phases []phase) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		start := r.Now()
+		start := r.clock.Now()
 		r.update(func(s *status.Status) {
 			s.Phases = append(s.Phases, status.Timing{Name: p.name, Started: start, Result: "running"})
 		})
@@ -274,7 +275,7 @@ func (r *run) runPhases(ctx context.Context, phases []phase) error {
 		err := p.fn(ctx)
 		r.update(func(s *status.Status) {
 			t := &s.Phases[len(s.Phases)-1]
-			t.Duration = r.Now().Sub(start)
+			t.Duration = r.clock.Now().Sub(start)
 			switch {
 			case err == nil:
 				t.Result = "ok"
@@ -298,6 +299,9 @@ func (r *run) runPhases(ctx context.Context, phases []phase) error {
 	return nil
 }
 
+// heartbeat is how often the wait phase records that the agent is alive.
+const heartbeat = 5 * time.Second
+
 // wait blocks until ctx ends or a required daemon fails for good.
 func (r *run) wait(ctx context.Context) error {
 	r.setPhase(PhaseWait)
@@ -305,21 +309,22 @@ func (r *run) wait(ctx context.Context) error {
 	if r.sup != nil {
 		failed = r.sup.Failed()
 	}
-	tick := time.NewTicker(5 * time.Second)
-	defer tick.Stop()
 	for {
+		tick := r.clock.NewTimer(heartbeat)
 		select {
 		case <-ctx.Done():
+			tick.Stop()
 			return ctx.Err()
 		case <-failed:
+			tick.Stop()
 			if err := r.st.SetReady(false); err != nil {
 				r.Log.Warn("could not write NotReady", "error", err)
 			}
 			r.update(func(s *status.Status) { s.Ready = false })
 			return fmt.Errorf("%w: %w", exitcode.ErrDaemon, r.sup.Err())
-		case <-tick.C:
+		case <-tick.C():
 			r.mu.Lock()
-			r.beat = r.Now()
+			r.beat = r.clock.Now()
 			r.mu.Unlock()
 		}
 	}

@@ -28,6 +28,7 @@ import (
 	"github.com/driver-agent/driver-agent/pkg/build/buildtest"
 	"github.com/driver-agent/driver-agent/pkg/config"
 	"github.com/driver-agent/driver-agent/pkg/daemon"
+	"github.com/driver-agent/driver-agent/pkg/daemon/daemontest"
 	"github.com/driver-agent/driver-agent/pkg/detect"
 	"github.com/driver-agent/driver-agent/pkg/exitcode"
 	"github.com/driver-agent/driver-agent/pkg/host"
@@ -904,6 +905,43 @@ func TestHostManagedDriver(t *testing.T) {
 	}
 	if _, err := os.Stat(w.roots.InRun("nvidia/nvidia-driver.state")); !os.IsNotExist(err) {
 		t.Error("host mode stored a digest")
+	}
+}
+
+// With the host managing the driver and nvidia never loaded, the agent waits --host-modules-timeout
+// on its clock, polling every second and logging every 30s, then refuses with exit 8.
+func TestHostDriverWaitUsesTheClock(t *testing.T) {
+	dir := hosttest.UnpackFile(t, "../../test/fixtures/talos.txtar")
+	w := &world{dir: dir, roots: hosttest.Roots(t, dir)}
+	w.setupDaemons(t)
+	w.kernel = hosttest.NewFakeKernel(w.roots, nil)
+	w.mounter = hosttest.NewFakeMounter(w.roots)
+	if err := os.RemoveAll(w.roots.InSys("module/nvidia")); err != nil {
+		t.Fatal(err)
+	}
+	a := w.agent(t, "--host-modules-timeout", "2m")
+	var logBuf lockedBuffer
+	a.Log = slog.New(slog.NewTextHandler(&logBuf, nil))
+	start := time.Unix(1_800_000_000, 0)
+	clock := daemontest.NewInstant(start)
+	a.Clock = clock
+	err := a.Run(context.Background())
+	if !errors.Is(err, exitcode.ErrHostDriver) || !strings.Contains(err.Error(), "nvidia is not loaded after 2m0s") {
+		t.Fatalf("Run = %v, want the host-driver refusal after 2m0s", err)
+	}
+	if waited := clock.Now().Sub(start); waited <= 2*time.Minute || waited > 2*time.Minute+time.Second {
+		t.Errorf("the wait took %s on the clock, want just over 2m0s", waited)
+	}
+	for _, d := range clock.Waits() {
+		if d != time.Second {
+			t.Fatalf("a wait of %s, want 1s polls: %v", d, clock.Waits())
+		}
+	}
+	if n := strings.Count(logBuf.String(), "waiting for the host to load the NVIDIA driver"); n != 4 {
+		t.Errorf("%d waiting lines in 2m, want 4 (every 30s):\n%s", n, logBuf.String())
+	}
+	if calls := w.kernel.Calls(); len(calls) != 0 {
+		t.Errorf("host mode touched the kernel: %v", calls)
 	}
 }
 

@@ -55,7 +55,7 @@ func (r *run) checkFabric(ctx context.Context, plan fabric.Plan) error {
 	if r.sup != nil {
 		failed = r.sup.Failed()
 	}
-	deadline := time.Now().Add(timeout)
+	deadline := r.clock.Now().Add(timeout)
 	var last fabric.Summary
 	var readErr error
 	attempts, waiting := 0, false
@@ -100,7 +100,7 @@ func (r *run) checkFabric(ctx context.Context, plan fabric.Plan) error {
 				}
 			}
 		}
-		if !time.Now().Before(deadline) {
+		if !r.clock.Now().Before(deadline) {
 			if readErr != nil {
 				r.Log.Warn("the fabric state cannot be checked; going on without it", "error", readErr)
 				r.setFabric(fabricUnknown, readErr.Error())
@@ -109,7 +109,7 @@ func (r *run) checkFabric(ctx context.Context, plan fabric.Plan) error {
 			r.Log.Error("the NVSwitch fabric did not settle", "fabric_state", last.State, "detail", last.Detail, "timeout", timeout)
 			return fmt.Errorf("%w: the NVSwitch fabric is still in progress %s after %s came up: %s", exitcode.ErrDaemon, timeout, fabric.FabricManagerName, last.Detail)
 		}
-		t := time.NewTimer(poll)
+		t := r.clock.NewTimer(poll)
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -117,7 +117,7 @@ func (r *run) checkFabric(ctx context.Context, plan fabric.Plan) error {
 		case <-failed:
 			t.Stop()
 			return fmt.Errorf("%w: %w", exitcode.ErrDaemon, r.sup.Err())
-		case <-t.C:
+		case <-t.C():
 		}
 	}
 }

@@ -423,7 +423,7 @@ func (r *run) unloadPrereqs(context.Context) error {
 // waitForHostDriver waits, bounded by --host-modules-timeout, for the host to have loaded nvidia
 // with the image's version; the agent never loads or unloads modules in this mode.
 func (r *run) waitForHostDriver(ctx context.Context) error {
-	deadline := time.Now().Add(r.cfg.HostModulesTimeout)
+	deadline := r.clock.Now().Add(r.cfg.HostModulesTimeout)
 	lastLog := time.Time{}
 	for {
 		nv, err := kernel.ReadSysModule(r.Host.Sys, "nvidia")
@@ -439,17 +439,19 @@ func (r *run) waitForHostDriver(ctx context.Context) error {
 		case r.cfg.DryRun:
 			r.notes = append(r.notes, "load: would wait up to "+r.cfg.HostModulesTimeout.String()+" for the host to load nvidia")
 			return nil
-		case time.Now().After(deadline):
+		case r.clock.Now().After(deadline):
 			return fmt.Errorf("%w: the host manages the NVIDIA modules (%s) but nvidia is not loaded after %s", exitcode.ErrHostDriver, r.decision.Reason, r.cfg.HostModulesTimeout)
 		}
-		if time.Since(lastLog) > 30*time.Second {
+		if r.clock.Now().Sub(lastLog) > 30*time.Second {
 			r.Log.Info("waiting for the host to load the NVIDIA driver", "why", r.decision.Reason, "timeout", r.cfg.HostModulesTimeout)
-			lastLog = time.Now()
+			lastLog = r.clock.Now()
 		}
+		t := r.clock.NewTimer(time.Second)
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return ctx.Err()
-		case <-time.After(time.Second):
+		case <-t.C():
 		}
 	}
 }
@@ -467,7 +469,7 @@ func (r *run) unloadUndo(ctx context.Context) error {
 // unloader removes the NVIDIA modules; holders the agent did not load stay, as users of the
 // driver, unless --unload-foreign-holders.
 func (r *run) unloader() modules.Unloader {
-	return modules.Unloader{Host: r.Host, Log: r.Log, Clock: r.Clock, UnloadForeign: r.cfg.UnloadForeignHolders, DryRun: r.cfg.DryRun}
+	return modules.Unloader{Host: r.Host, Log: r.Log, Clock: r.clock, UnloadForeign: r.cfg.UnloadForeignHolders, DryRun: r.cfg.DryRun}
 }
 
 // firmwareDisabled reports whether the nvidia parameters turn GPU firmware off.
@@ -550,7 +552,7 @@ func (r *run) daemonSpecs(ctx context.Context) ([]daemon.Spec, fabric.Plan, erro
 	plan, err := fabric.Prepare(ctx, fabric.Options{
 		Roots: r.Host.Roots, Files: r.Host.Files, Log: r.Log, Overrides: r.cfg.NVFM,
 		ConfigCopy: r.Host.InRun("nvidia/driver-agent/fabricmanager.cfg"), PrereqTimeout: r.cfg.NVLink5PrereqTimeout,
-		StopTimeout: r.cfg.DaemonStopTimeout, NoWait: r.cfg.DryRun, SettleTime: r.FabricSettle,
+		StopTimeout: r.cfg.DaemonStopTimeout, NoWait: r.cfg.DryRun, SettleTime: r.FabricSettle, Clock: r.clock,
 	})
 	if err != nil {
 		return nil, plan, err
@@ -590,7 +592,7 @@ func (r *run) daemonsPhase(ctx context.Context) error {
 	if childProc == "" {
 		childProc = r.Host.Proc
 	}
-	sup := daemon.NewSupervisor(daemon.Options{Reaper: r.Reaper, Log: r.Log, Proc: childProc, OnChange: func(daemon.Status) {
+	sup := daemon.NewSupervisor(daemon.Options{Reaper: r.Reaper, Log: r.Log, Proc: childProc, Clock: r.clock, OnChange: func(daemon.Status) {
 		// status.json follows every daemon change (a crash, a restart), not only the phases.
 		r.mu.Lock()
 		r.status.Daemons = daemonStatuses(r.sup)

@@ -30,11 +30,11 @@ func (r *run) Snapshot() metrics.Snapshot {
 		Errors: map[string]float64{}, LastShutdown: r.lastShut, FabricState: metricsFabricState(r.status.Fabric),
 	}
 	// Alive: a phase is running (each is bounded by its own timeouts), or the wait loop ticked lately.
-	s.Alive = r.status.Phase != PhaseWait || r.Now().Sub(r.beat) < time.Minute
+	s.Alive = r.status.Phase != PhaseWait || r.clock.Now().Sub(r.beat) < time.Minute
 	for _, t := range r.status.Phases {
 		d := t.Duration
 		if t.Result == "running" {
-			d = r.Now().Sub(t.Started)
+			d = r.clock.Now().Sub(t.Started)
 		}
 		s.Timing = append(s.Timing, metrics.PhaseDuration{Phase: t.Name, Seconds: d.Seconds()})
 	}
