@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/driver-agent/driver-agent/pkg/cache"
+	"github.com/driver-agent/driver-agent/pkg/daemon"
 	"github.com/driver-agent/driver-agent/pkg/exitcode"
 	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/kernel"
@@ -34,6 +35,7 @@ type Options struct {
 	CacheDir  string        // where init stored the modules
 	Wait      time.Duration // how long to wait for MOFED and the driver
 	Poll      time.Duration // how often to look
+	Clock     daemon.Clock  // times the wait; nil means the wall clock
 }
 
 // find looks for nvidia-peermem where status.json says init keeps its modules: the module cache
@@ -126,20 +128,25 @@ func Reload(ctx context.Context, o Options) error {
 	if o.Poll == 0 {
 		o.Poll = 10 * time.Second
 	}
-	deadline := time.Now().Add(o.Wait)
+	if o.Clock == nil {
+		o.Clock = daemon.WallClock{}
+	}
+	deadline := o.Clock.Now().Add(o.Wait)
 	for {
 		ok, why := o.ready()
 		if ok {
 			break
 		}
-		if time.Now().After(deadline) {
+		if o.Clock.Now().After(deadline) {
 			return fmt.Errorf("%w after %s: %s", ErrNotReady, o.Wait, why)
 		}
 		o.Log.Info("waiting for mellanox ofed and nvidia drivers to be installed", "missing", why)
+		t := o.Clock.NewTimer(o.Poll)
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return nil
-		case <-time.After(o.Poll):
+		case <-t.C():
 		}
 	}
 	pm, err := kernel.ReadSysModule(o.Host.Sys, "nvidia_peermem")

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/driver-agent/driver-agent/pkg/cache"
+	"github.com/driver-agent/driver-agent/pkg/daemon/daemontest"
 	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
 	"github.com/driver-agent/driver-agent/pkg/link"
@@ -61,14 +62,20 @@ func markReady(t *testing.T, r host.Roots) {
 
 func TestReloadWaitsLoadsAndUnloads(t *testing.T) {
 	o, k := setup(t, true)
+	clock := daemontest.NewClock(time.Unix(1_800_000_000, 0))
+	o.Clock = clock
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- Reload(ctx, o) }()
-	time.Sleep(100 * time.Millisecond)
+	poll := clock.Next(t) // Reload looked once, found nothing ready, and waits a poll
+	if poll.D != o.Poll {
+		t.Errorf("Reload polls every %s, want %s", poll.D, o.Poll)
+	}
 	if slices.Contains(k.Loaded(), "nvidia_peermem") {
 		t.Fatal("loaded before MOFED and the driver were ready")
 	}
 	markReady(t, o.Host.Roots)
+	clock.Advance(o.Poll)
 	deadline := time.Now().Add(2 * time.Second)
 	for !slices.Contains(k.Loaded(), "nvidia_peermem") && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
@@ -90,10 +97,15 @@ func TestReloadWaitsLoadsAndUnloads(t *testing.T) {
 
 func TestReloadGivesUp(t *testing.T) {
 	o, _ := setup(t, true)
-	o.Wait = 50 * time.Millisecond
+	start := time.Unix(1_800_000_000, 0)
+	clock := daemontest.NewInstant(start)
+	o.Clock = clock
 	err := Reload(context.Background(), o)
 	if !errors.Is(err, ErrNotReady) || !strings.Contains(err.Error(), ".driver-ready does not exist") {
 		t.Errorf("Reload = %v", err)
+	}
+	if waited := clock.Now().Sub(start); waited < o.Wait || waited > o.Wait+o.Poll {
+		t.Errorf("Reload gave up after %s on its clock, want %s (polling every %s)", waited, o.Wait, o.Poll)
 	}
 }
 
