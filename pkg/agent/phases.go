@@ -553,6 +553,7 @@ func (r *run) daemonSpecs(ctx context.Context) ([]daemon.Spec, fabric.Plan, erro
 		Roots: r.Host.Roots, Files: r.Host.Files, Log: r.Log, Overrides: r.cfg.NVFM,
 		ConfigCopy: r.Host.InRun("nvidia/driver-agent/fabricmanager.cfg"), PrereqTimeout: r.cfg.NVLink5PrereqTimeout,
 		StopTimeout: r.cfg.DaemonStopTimeout, NoWait: r.cfg.DryRun, SettleTime: r.FabricSettle, Clock: r.clock,
+		SwitchTrays: &r.facts.SwitchTrays,
 	})
 	if err != nil {
 		return nil, plan, err

@@ -37,6 +37,7 @@ type Facts struct {
 	NVSwitches    []PCIDevice       `json:"nvswitches"`
 	Mellanox      []PCIDevice       `json:"mellanox"`
 	NVLink5       bool              `json:"nvlink5"`
+	SwitchTrays   SwitchTrays       `json:"-"`                    // what NVLink5 was decided on
 	NVSwitchProc  int               `json:"nvswitchProcDevices"`  // entries in <proc>/driver/nvidia-nvswitch/devices
 	Modules       map[string]Loaded `json:"modules"`              // loaded modules by kernel name
 	HostDriver    string            `json:"hostDriver,omitempty"` // why the host manages the driver modules, if it does
@@ -120,7 +121,9 @@ func Detect(r host.Roots) (Facts, error) {
 			f.Mellanox = append(f.Mellanox, d)
 		}
 	}
-	if f.NVLink5, err = nvlink5(r.Sys); err != nil {
+	f.SwitchTrays = ReadSwitchTrays(r)
+	f.NVLink5 = len(f.SwitchTrays.Management) > 0
+	if err := errors.Join(f.SwitchTrays.Unreadable...); err != nil && !f.NVLink5 {
 		warn("infiniband VPD unreadable: %v", err)
 	}
 	if entries, err := os.ReadDir(r.InProc("driver/nvidia-nvswitch/devices")); err == nil {
@@ -257,22 +260,32 @@ func readHex(path string, bits int) (uint64, error) {
 	return v, nil
 }
 
-// nvlink5 reports whether any InfiniBand device's VPD carries SW_MNG, which marks an NVLink5
-// switch tray managed over InfiniBand.
-func nvlink5(sys string) (bool, error) {
-	vpds, _ := filepath.Glob(filepath.Join(sys, "class/infiniband/*/device/vpd"))
-	var errs []error
+// SwitchTrays is what the InfiniBand devices' VPDs say about NVLink5 switch trays.
+type SwitchTrays struct {
+	// Management are the InfiniBand devices whose VPD (<sys>/class/infiniband/*/device/vpd)
+	// carries SW_MNG, sorted: the NVSwitch management functions of an NVLink5 baseboard.
+	Management []string
+	// VPDs is how many VPDs there are; Unreadable are the errors of those that could not be read.
+	VPDs       int
+	Unreadable []error
+}
+
+// ReadSwitchTrays reads every InfiniBand device's VPD for SW_MNG: the one NVLink5 detection.
+func ReadSwitchTrays(r host.Roots) SwitchTrays {
+	vpds, _ := filepath.Glob(r.InSys("class/infiniband/*/device/vpd"))
+	sort.Strings(vpds)
+	t := SwitchTrays{VPDs: len(vpds)}
 	for _, p := range vpds {
 		data, err := kernel.ReadSmall(p)
 		if err != nil {
-			errs = append(errs, err)
+			t.Unreadable = append(t.Unreadable, err)
 			continue
 		}
 		if bytes.Contains(data, []byte("SW_MNG")) {
-			return true, nil
+			t.Management = append(t.Management, filepath.Base(filepath.Dir(filepath.Dir(p))))
 		}
 	}
-	return false, errors.Join(errs...)
+	return t
 }
 
 // hostManaged says why the host, not the agent, owns the NVIDIA modules, or "" when it does not:

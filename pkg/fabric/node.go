@@ -1,7 +1,6 @@
 package fabric
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/driver-agent/driver-agent/pkg/daemon"
+	"github.com/driver-agent/driver-agent/pkg/detect"
 	"github.com/driver-agent/driver-agent/pkg/exitcode"
 	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/kernel"
@@ -55,21 +55,12 @@ type Node struct {
 // (<sys>/class/infiniband/*/device/vpd) carries SW_MNG, else NVSwitch when
 // <proc>/driver/nvidia-nvswitch/devices is not empty, else none. Unreadable VPDs are an error
 // only when no device could be classified.
-func DetectNode(r host.Roots) (Node, error) {
-	var n Node
-	vpds, _ := filepath.Glob(r.InSys("class/infiniband/*/device/vpd"))
-	sort.Strings(vpds)
-	var errs []error
-	for _, p := range vpds {
-		data, err := kernel.ReadSmall(p)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if bytes.Contains(data, []byte("SW_MNG")) {
-			n.SwitchManagement = append(n.SwitchManagement, filepath.Base(filepath.Dir(filepath.Dir(p))))
-		}
-	}
+func DetectNode(r host.Roots) (Node, error) { return NodeOf(detect.ReadSwitchTrays(r), r) }
+
+// NodeOf is DetectNode for switch trays detection already read: only the NVSwitch devices in
+// procfs are read, which appear once nvidia is loaded.
+func NodeOf(trays detect.SwitchTrays, r host.Roots) (Node, error) {
+	n := Node{SwitchManagement: trays.Management}
 	if entries, err := os.ReadDir(r.InProc("driver/nvidia-nvswitch/devices")); err == nil {
 		for _, e := range entries {
 			n.NVSwitches = append(n.NVSwitches, e.Name())
@@ -84,8 +75,8 @@ func DetectNode(r host.Roots) (Node, error) {
 		n.Kind = KindNVSwitch
 		n.Reason = fmt.Sprintf("%d NVSwitch devices in %s: nv-fabricmanager", len(n.NVSwitches), r.InProc("driver/nvidia-nvswitch/devices"))
 	default:
-		if len(vpds) > 0 && len(errs) == len(vpds) {
-			return n, fmt.Errorf("fabric detection: no InfiniBand VPD is readable: %w", errors.Join(errs...))
+		if trays.VPDs > 0 && len(trays.Unreadable) == trays.VPDs {
+			return n, fmt.Errorf("fabric detection: no InfiniBand VPD is readable: %w", errors.Join(trays.Unreadable...))
 		}
 		n.Kind = KindNone
 		n.Reason = fmt.Sprintf("no NVSwitch in %s and no SW_MNG in %s: no fabric manager needed",

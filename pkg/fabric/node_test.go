@@ -12,6 +12,7 @@ import (
 
 	"github.com/driver-agent/driver-agent/pkg/daemon"
 	"github.com/driver-agent/driver-agent/pkg/daemon/daemontest"
+	"github.com/driver-agent/driver-agent/pkg/detect"
 	"github.com/driver-agent/driver-agent/pkg/exitcode"
 	"github.com/driver-agent/driver-agent/pkg/fabric"
 	"github.com/driver-agent/driver-agent/pkg/host"
@@ -59,6 +60,21 @@ func TestDetectNode(t *testing.T) {
 	// Nothing at all under proc and sys: no fabric.
 	if n, err := fabric.DetectNode(hosttest.Roots(t, t.TempDir())); err != nil || n.Kind != fabric.KindNone {
 		t.Errorf("empty tree: %+v, %v", n, err)
+	}
+}
+
+// NodeOf decides on the switch trays it is given, without reading the VPDs again, and fails only
+// when every VPD was unreadable and nothing else classifies the node.
+func TestNodeOf(t *testing.T) {
+	t.Parallel()
+	r := hosttest.Roots(t, t.TempDir())
+	n, err := fabric.NodeOf(detect.SwitchTrays{Management: []string{"mlx5_3"}, VPDs: 1}, r)
+	if err != nil || n.Kind != fabric.KindNVLink5 || strings.Join(n.SwitchManagement, ",") != "mlx5_3" {
+		t.Errorf("NodeOf with a tray = %+v, %v; want NVLink5 on mlx5_3", n, err)
+	}
+	boom := errors.New("boom")
+	if _, err := fabric.NodeOf(detect.SwitchTrays{VPDs: 1, Unreadable: []error{boom}}, r); !errors.Is(err, boom) {
+		t.Errorf("NodeOf with every VPD unreadable = %v, want the read error", err)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/driver-agent/driver-agent/pkg/daemon"
+	"github.com/driver-agent/driver-agent/pkg/detect"
 	"github.com/driver-agent/driver-agent/pkg/host"
 )
 
@@ -58,6 +59,9 @@ type Options struct {
 	Files host.Files
 	// Log receives what was detected and decided. Nil discards it.
 	Log *slog.Logger
+	// SwitchTrays is what detection found in the InfiniBand VPDs (detect.Facts.SwitchTrays); nil
+	// means read them now.
+	SwitchTrays *detect.SwitchTrays
 	// Clock times the wait for kernel modules. Nil means the wall clock.
 	Clock daemon.Clock
 	// Overrides are the NVFM_CONFIG_<KEY>=<value> settings, as KEY -> value.
@@ -148,7 +152,13 @@ type Plan struct {
 func Prepare(ctx context.Context, o Options) (Plan, error) {
 	o = o.withDefaults()
 	log := o.Log
-	node, err := DetectNode(o.Roots)
+	var node Node
+	var err error
+	if o.SwitchTrays != nil {
+		node, err = NodeOf(*o.SwitchTrays, o.Roots)
+	} else {
+		node, err = DetectNode(o.Roots)
+	}
 	if err != nil {
 		return Plan{}, err
 	}
