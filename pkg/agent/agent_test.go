@@ -920,7 +920,7 @@ func TestHostDriverWaitUsesTheClock(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := w.agent(t, "--host-modules-timeout", "2m")
-	var logBuf lockedBuffer
+	var logBuf hosttest.LogBuffer
 	a.Log = slog.New(slog.NewTextHandler(&logBuf, nil))
 	start := time.Unix(1_800_000_000, 0)
 	clock := daemontest.NewInstant(start)
