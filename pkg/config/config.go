@@ -18,7 +18,6 @@ import (
 	"unicode"
 
 	"github.com/driver-agent/driver-agent/pkg/exitcode"
-	"github.com/driver-agent/driver-agent/pkg/fabric"
 	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/modparams"
 )
@@ -83,6 +82,7 @@ type Option struct {
 
 var (
 	versionRE = regexp.MustCompile(`^[0-9]+\.[0-9]+(\.[0-9]+)?$`)
+	nvfmKeyRE = regexp.MustCompile(`^[A-Z0-9_]+$`)
 	wordRE    = regexp.MustCompile(`^[A-Za-z0-9_-]{1,32}$`)
 )
 
@@ -360,6 +360,19 @@ func Parse(name string, args []string, environ []string, stderr io.Writer) (*Con
 	return c, fs.Args(), nil
 }
 
+// CheckNVFMOverride checks one NVFM_CONFIG_<KEY>=<value> override: the key matches ^[A-Z0-9_]+$
+// and the value is a single line without NUL. It is the one check, for the environment and for
+// the fabric package's overrides.
+func CheckNVFMOverride(key, value string) error {
+	switch {
+	case !nvfmKeyRE.MatchString(key):
+		return fmt.Errorf("NVFM_CONFIG_%s: the fabric manager key %q must match [A-Z0-9_]+", key, key)
+	case strings.ContainsAny(value, "\n\r\x00"):
+		return fmt.Errorf("NVFM_CONFIG_%s=%q: want a single-line value without NUL", key, value)
+	}
+	return nil
+}
+
 // nvfmFromEnv collects NVFM_CONFIG_<KEY>=value overrides.
 func nvfmFromEnv(env map[string]string) (map[string]string, error) {
 	out := map[string]string{}
@@ -374,7 +387,7 @@ func nvfmFromEnv(env map[string]string) (map[string]string, error) {
 		if !ok {
 			continue
 		}
-		if err := fabric.CheckOverride(key, env[name]); err != nil {
+		if err := CheckNVFMOverride(key, env[name]); err != nil {
 			errs = append(errs, err)
 			continue
 		}

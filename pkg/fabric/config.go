@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/driver-agent/driver-agent/pkg/config"
 	"github.com/driver-agent/driver-agent/pkg/exitcode"
 	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/kernel"
@@ -22,8 +23,6 @@ import (
 // maxConfigSize bounds the fabricmanager.cfg the agent reads.
 const maxConfigSize = 1 << 20
 
-// keyRE is what an NVFM_CONFIG_<KEY> override may name.
-var keyRE = regexp.MustCompile(`^[A-Z0-9_]+$`)
 
 // settingKeyRE is what the parser takes for a setting's key in the file.
 var settingKeyRE = regexp.MustCompile(`^[A-Za-z0-9_]+$`)
@@ -171,29 +170,17 @@ type Edited struct {
 	Warnings []string // overrides that were appended or ignored, lines that were not understood
 }
 
-// ValidateOverrides checks NVFM_CONFIG_<KEY>=<value> overrides with CheckOverride. The error wraps
+// ValidateOverrides checks NVFM_CONFIG_<KEY>=<value> overrides with config.CheckNVFMOverride. The error wraps
 // exitcode.ErrConfig and names each bad one.
 func ValidateOverrides(overrides map[string]string) error {
 	var errs []error
 	for _, k := range sortedKeys(overrides) {
-		if err := CheckOverride(k, overrides[k]); err != nil {
+		if err := config.CheckNVFMOverride(k, overrides[k]); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: fabric manager overrides: %w", exitcode.ErrConfig, errors.Join(errs...))
-	}
-	return nil
-}
-
-// CheckOverride checks one NVFM_CONFIG_<KEY>=<value> override: the key matches ^[A-Z0-9_]+$ and
-// the value is a single line without NUL.
-func CheckOverride(key, value string) error {
-	switch {
-	case !keyRE.MatchString(key):
-		return fmt.Errorf("NVFM_CONFIG_%s: the fabric manager key %q must match [A-Z0-9_]+", key, key)
-	case strings.ContainsAny(value, "\n\r\x00"):
-		return fmt.Errorf("NVFM_CONFIG_%s=%q: want a single-line value without NUL", key, value)
 	}
 	return nil
 }
