@@ -23,7 +23,6 @@ import (
 // maxConfigSize bounds the fabricmanager.cfg the agent reads.
 const maxConfigSize = 1 << 20
 
-
 // settingKeyRE is what the parser takes for a setting's key in the file.
 var settingKeyRE = regexp.MustCompile(`^[A-Za-z0-9_]+$`)
 
