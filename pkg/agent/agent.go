@@ -116,6 +116,7 @@ type run struct {
 	sup      *daemon.Supervisor
 	undos    []undo
 	notes    []string // dry-run findings
+	jr       journal  // what this run and killed earlier ones changed (journal.go)
 }
 
 type phase struct {
@@ -167,6 +168,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	r.push("start", func(context.Context) error {
 		return errors.Join(r.st.ClearReady(), r.st.Remove())
 	})
+	r.adoptJournal()
 
 	phases := []phase{
 		{PhaseDetect, r.detect}, {PhaseDecide, r.decide}, {PhasePrepare, r.prepare}, {PhaseLoad, r.load},
@@ -202,6 +204,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		a.Log.Error("init failed, tearing down", "error", runErr)
 	}
 	tdErr := r.teardown()
+	r.closeJournal()
 	if tdErr != nil {
 		all := errors.Join(runErr, tdErr)
 		r.update(func(s *status.Status) { s.LastError, s.ExitCode = all.Error(), exitcode.Code(all) })

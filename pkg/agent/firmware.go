@@ -48,6 +48,13 @@ func (r *run) installFirmware() error {
 		r.notes = append(r.notes, fmt.Sprintf("would copy the GSP firmware %v from %s to %s", todo, src, dst))
 		return nil
 	}
+	var dsts []string
+	for _, name := range todo {
+		dsts = append(dsts, filepath.Join(dst, name))
+	}
+	if err := r.recordFirmware(missingDirs(dst), dsts); err != nil {
+		return err
+	}
 	if err := r.mkdirUndo(dst); err != nil {
 		return fmt.Errorf("GSP firmware: %w", err)
 	}

@@ -265,6 +265,9 @@ func (r *run) load(ctx context.Context) error {
 	loader := modules.Loader{Host: r.Host, Log: r.Log, Release: r.facts.KernelRelease}
 	if len(prereqs) > 0 {
 		r.Log.Info("Loading ipmi and i2c_core kernel modules...")
+		if err := r.recordPrerequisites(fileNames(prereqs)); err != nil {
+			return err
+		}
 		loaded, err := loader.Load(ctx, prereqs)
 		if err != nil {
 			return err
@@ -492,17 +495,25 @@ func (r *run) setFirmwarePath() {
 		r.Log.Warn("cannot read the firmware search path; not setting it", "path", path, "error", err)
 		return
 	}
+	if r.jr.firmware {
+		r.Log.Info("the firmware search path was set by an earlier agent; this run resets it at teardown", "path", path)
+		return
+	}
 	if v := strings.TrimSpace(string(cur)); v != "" {
 		r.Log.Warn("A search path is already configured; retaining the current configuration", "path", path, "value", v)
+		return
+	}
+	if len(cur) == 0 {
+		cur = []byte("\n")
+	}
+	if err := r.recordFirmwarePath(cur); err != nil {
+		r.Log.Warn("not setting the firmware search path", "path", path, "error", err)
 		return
 	}
 	r.Log.Info(fmt.Sprintf("Configuring the following firmware search path in '%s': %s", path, firmwareSearchPath))
 	if err := r.Host.Files.WriteFile(path, []byte(firmwareSearchPath), 0o644, false); err != nil {
 		r.Log.Warn("could not set the firmware search path", "path", path, "error", err)
 		return
-	}
-	if len(cur) == 0 {
-		cur = []byte("\n")
 	}
 	r.push(PhaseLoad, func(context.Context) error { return r.Host.Files.WriteFile(path, cur, 0o644, false) })
 }
@@ -521,6 +532,9 @@ func (r *run) devicesPhase(context.Context) error {
 	}
 	nodes, err := devices.Plan(r.Host.Roots, modeset)
 	if err != nil {
+		return err
+	}
+	if err := r.recordDevices(nodePaths(nodes)); err != nil {
 		return err
 	}
 	created, err := devices.Create(r.Host, nodes)
@@ -698,6 +712,9 @@ func (r *run) shareRoot(context.Context) error {
 	if err := r.Host.Mounter.Mount("none", r.Host.Root, "", unix.MS_SLAVE, ""); err != nil && !errors.Is(err, unix.EINVAL) {
 		return fmt.Errorf("make %s a slave mount: %w", r.Host.Root, err)
 	} // EINVAL: the root is not a mount point, so not shared either
+	if err := r.recordMount(target); err != nil {
+		return err
+	}
 	if err := r.Host.Mounter.Mount(r.Host.Root, target, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		return fmt.Errorf("share %s at %s: %w", r.Host.Root, target, err)
 	}
