@@ -356,7 +356,9 @@ func TestDryRunReportsTheJournal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.ContainsFunc(p.Notes, func(n string) bool { return strings.Contains(n, "would adopt what the agent 4242 left") && strings.Contains(n, "i2c_core") }) {
+	if !slices.ContainsFunc(p.Notes, func(n string) bool {
+		return strings.Contains(n, "would adopt what the agent 4242 left") && strings.Contains(n, "i2c_core")
+	}) {
 		t.Errorf("notes %v", p.Notes)
 	}
 	if got := w.read(t, "run/nvidia/driver-agent/journal.json"); got != j {

@@ -23,12 +23,11 @@ const upgradeVersion = "580.95.06"
 
 // containerGroup is the boot of the container scenarios (guest/container.sh).
 func containerGroup() group {
-	// The crash-only points that pass today: SIGKILL at the other points (coming, loaded,
-	// daemons, rbind, ready; guest/container.sh has them all) leaves prerequisites and the
-	// firmware path that the next container does not adopt (test/vm/README.md).
+	// The crash-only points (guest/container.sh): during link, while nvidia is coming, loaded
+	// before the device nodes, daemons started, the root mounted, Ready.
 	g := group{name: "container", packages: true, memMiB: 1536, timeout: 10 * time.Minute,
 		scenarios: []string{"container-precompiled", "container-upgrade"}}
-	for _, point := range []string{"link"} {
+	for _, point := range []string{"link", "coming", "loaded", "daemons", "rbind", "ready"} {
 		for _, who := range []string{"container", "agent"} {
 			g.scenarios = append(g.scenarios, "container-crash-"+point+"-"+who)
 		}

@@ -13,6 +13,7 @@
 CTR_IMAGE=/vmtest/image
 CTR_BUNDLE=/vmtest/bundle
 CTR_RUN=/var/lib/vmtest-ctr # on the initramfs root, which is private: mounts under it do not propagate
+JOURNAL=/run/nvidia/driver-agent/journal.json # what an agent changed on the node, for the next one
 . "$CTR_BUNDLE/pod.sh"
 
 # ctr_boot: once per boot, before the boot-time module list is taken: the disk, the overlay and
@@ -175,6 +176,25 @@ ctr_cleanup() {
 	[ -n "$what" ] && echo "VMTEST-CLEANUP containers:$what"
 }
 
+# journal_summary: the journal's entries on one line ("none" without a journal): the kinds of
+# change it names, and the prerequisite modules.
+journal_summary() {
+	[ -e "$JOURNAL" ] || { echo none; return; }
+	local keys mods
+	keys=$(grep -o '^  "[a-zA-Z]*"' "$JOURNAL" | tr -d ' "' | grep -v -e '^format$' -e '^pid$' | tr '\n' ',' | sed 's/,$//')
+	mods=$(tr -d ' \n' <"$JOURNAL" | sed -n 's/.*"prerequisites":\[\([^]]*\)\].*/\1/p' | tr -d '"')
+	echo "${keys:-empty}${mods:+ (prerequisites $mods)}"
+}
+
+# ctr_check_clean: after the last container's teardown, the node as it booted: lib.sh's
+# check_clean, the firmware search path, and no PID file or journal.
+ctr_check_clean() {
+	check_clean
+	check_eq "host: firmware search path after teardown" "$(firmware_path)" ""
+	[ -e "$PIDFILE" ] && fail "host: $PIDFILE left"
+	[ -e "$JOURNAL" ] && fail "host: $JOURNAL left: $(journal_summary)"
+}
+
 # ctr_check_ready NAME: what the host (the guest's root namespace) sees of a Ready container.
 ctr_check_ready() {
 	local m dev
@@ -238,9 +258,7 @@ ctr_precompiled() {
 	check_eq "exit status after preStop + SIGTERM (grace ${POD_GRACE_SECONDS} s)" "$CTR_RC" 0
 	note "checked: $CTR_READY_NOTE; startup probe via crun exec rc 0 wrote .driver-ctr-ready; host sees nvidia/uvm/modeset, $DRIVER_ROOT = image root (os-release, agent, NVIDIA $CTR_IMAGE_VERSION sources, nvidia-smi -q via chroot, device nodes under $DRIVER_ROOT/dev, no /sys submounts), firmware path, PID file = agent host PID, digest, persistenced; preStop + SIGTERM: exit $CTR_RC in ${CTR_STOP_MS}ms (grace ${POD_GRACE_SECONDS}s), node clean"
 	[ -e /run/nvidia/validations/.driver-ctr-ready ] && fail "host: .driver-ctr-ready left after preStop"
-	check_clean
-	check_eq "host: firmware search path after teardown" "$(firmware_path)" ""
-	[ -e "$PIDFILE" ] && fail "host: $PIDFILE left"
+	ctr_check_clean
 }
 
 # The crash-only scenarios: container-crash-<point>-<who>. A first container (c1) is SIGKILLed
@@ -248,7 +266,9 @@ ctr_precompiled() {
 # its cgroup) or the agent alone (kill -KILL from the host; then the runtime ends the
 # container as it does when its init dies). A new container (c2, same digest) must then reach
 # Ready, pass the startup probe, show the host what container-precompiled checks, and after
-# preStop + SIGTERM leave the node as it booted.
+# preStop + SIGTERM leave the node as it booted. From `coming` on, c1 has journaled what it changed
+# outside its container (prerequisites, the firmware search path, the mount), and c2 must say
+# that it adopts it.
 #   link      the precompiled path's ld runs (an ld wrapper first in PATH holds it 3 s)
 #   coming    nvidia's init runs (/sys/module/nvidia/initstate is "coming"; the slow package)
 #   loaded    nvidia_modeset is loaded, before the device nodes (status.json phase load/devices)
@@ -269,7 +289,7 @@ ctr_point_or_gone() { ctr_point_reached "$CTR_POINT" || ! alive "$CRUN_PID"; }
 
 # ctr_crash_at POINT WHO
 ctr_crash_at() {
-	local point=$1 who=$2 phase left
+	local point=$1 who=$2 phase left journal adopted
 	CTR_POINT=$point
 	CTR_LAYER_EXTRA=
 	case $point in
@@ -284,7 +304,8 @@ ctr_crash_at() {
 	fi
 	phase=$(sed -n 's/.*"phase": *"\([a-z-]*\)".*/\1/p' "$STATUS_JSON" 2>/dev/null | head -n1)
 	ctr_crash "$who"
-	left="modules '$(nv_modules)', $(mounted "$DRIVER_ROOT" && echo "$DRIVER_ROOT mounted, ")PID file $(readv "$PIDFILE"), status '$(readv "$STATUS")', work dirs $(ls -d "$CTR_RUN"/c1/upper/tmp/driver-agent-* 2>/dev/null | wc -l)"
+	left="modules '$(nv_modules)', $(mounted "$DRIVER_ROOT" && echo "$DRIVER_ROOT mounted, ")PID file $(readv "$PIDFILE"), status '$(readv "$STATUS")', work dirs $(ls -d "$CTR_RUN"/c1/upper/tmp/driver-agent-* 2>/dev/null | wc -l), firmware path '$(firmware_path)', journal: $(journal_summary)"
+	journal=$(journal_summary)
 	[ "$point" = coming ] && use_package standard
 	CTR_LAYER_EXTRA=
 	ctr_start c2 vmtest-c1 || return
@@ -292,15 +313,19 @@ ctr_crash_at() {
 		fail "c2 not Ready within 120 s after c1 was killed at $point (status '$(readv "$STATUS")'): $(last_error "$CTR_LOG")"
 		return
 	fi
+	adopted=no
+	grep -q 'adopting what an earlier agent left' "$CTR_LOG" && adopted=yes
+	if [ "$point" != link ]; then
+		[ "$journal" != none ] || fail "c1 left no journal at $point"
+		check_eq "c2 adopts what c1 journaled" "$adopted" yes
+	fi
 	ctr_probe
 	check_eq "c2 startup probe exit status" "$CTR_PROBE_RC" 0
 	ctr_check_ready vmtest-c1
 	ctr_stop
 	check_eq "c2 exit status after preStop + SIGTERM" "$CTR_RC" 0
-	check_clean
-	check_eq "host: firmware search path after teardown" "$(firmware_path)" ""
-	[ -e "$PIDFILE" ] && fail "host: $PIDFILE left"
-	note "checked: c1 SIGKILLed ($who) at $point (phase ${phase:-?}), leaving $left; c2 Ready, probe rc 0, host view as container-precompiled; c2 SIGTERM exit 0 in ${CTR_STOP_MS}ms, node at its boot state"
+	ctr_check_clean
+	note "checked: c1 SIGKILLed ($who) at $point (phase ${phase:-?}), leaving $left; c2 Ready (adopted: $adopted), probe rc 0, host view as container-precompiled; c2 SIGTERM exit 0 in ${CTR_STOP_MS}ms; node at its boot state (modules, devices, mounts, firmware path, no PID file, digest or journal)"
 }
 
 # ctr_slow_ld UPPER: an ld first in the container's PATH that marks /run/nvidia/vmtest-ld-running
@@ -346,11 +371,10 @@ ctr_upgrade() {
 	ctr_check_ready vmtest-c2
 	ctr_stop
 	check_eq "c2 exit status after preStop + SIGTERM" "$CTR_RC" 0
-	# What c1 loaded or set besides the driver (prerequisites, the firmware path) is not c2's
-	# to undo today: check_stopped notes it (test/vm/README.md, the crash scenarios).
-	check_stopped
-	[ -n "$(firmware_path)" ] && note "firmware path left as c1 set it: $(firmware_path)"
-	[ -e "$PIDFILE" ] && fail "host: $PIDFILE left"
+	# What c1 loaded or set besides the driver (prerequisites, the firmware path), c2 adopted
+	# from c1's journal and undid.
+	grep -q 'adopting what an earlier agent left' "$CTR_LOG" || fail "c2's log does not say it adopted what c1 journaled"
+	ctr_check_clean
 	[ -e "$STATE" ] && fail "host: $STATE left"
-	note "checked: c1 ($VMTEST_DRIVER_VERSION) Ready then SIGKILLed, modules left loaded; c2 DRIVER_VERSION=$VMTEST_UPGRADE_VERSION unloaded them and loaded its own (version, load id), digest vmtest-c2, probe rc 0; SIGTERM exit 0, driver unloaded, unmounted, not Ready, no digest or PID file"
+	note "checked: c1 ($VMTEST_DRIVER_VERSION) Ready then SIGKILLed, modules left loaded; c2 DRIVER_VERSION=$VMTEST_UPGRADE_VERSION unloaded them and loaded its own (version, load id), adopted c1's journal, digest vmtest-c2, probe rc 0; SIGTERM exit 0, node at its boot state (modules, devices, mounts, firmware path, no PID file, digest or journal)"
 }
