@@ -321,6 +321,9 @@ func appendNew(list []string, items ...string) []string {
 
 // recordPrerequisites notes the prerequisite modules about to be loaded.
 func (r *run) recordPrerequisites(names []string) error {
+	for i, n := range names {
+		names[i] = kernel.Normalize(n)
+	}
 	return r.record(func(j *Journal) { j.Prerequisites = appendNew(j.Prerequisites, names...) })
 }
 
@@ -334,8 +337,12 @@ func (r *run) recordFirmwarePath(before []byte) error {
 	})
 }
 
-// recordFirmware notes the directories and files the GSP firmware copy is about to make.
+// recordFirmware notes the directories and files the GSP firmware copy is about to make. Of the
+// directories, those above <root>/lib/firmware are left out: a next agent removes only what is
+// under it.
 func (r *run) recordFirmware(dirs, files []string) error {
+	fw := r.Host.InRoot("lib/firmware")
+	dirs = slices.DeleteFunc(dirs, func(d string) bool { return d != fw && !strings.HasPrefix(d, fw+"/") })
 	return r.record(func(j *Journal) {
 		j.FirmwareDirs = appendNew(j.FirmwareDirs, dirs...)
 		j.FirmwareFiles = appendNew(j.FirmwareFiles, files...)

@@ -54,7 +54,8 @@ func (w *world) killed(t *testing.T, crash func(a *Agent, kill func())) {
 
 // freshLayer puts the container root back as the fixture had it: the killed agent's container
 // is gone with its writable layer (modules.dep, modprobe.d), and a new container starts with a
-// fresh one. What the agent changed outside the container root stays.
+// fresh one. What the agent changed outside the container root stays, and so does its
+// /lib/firmware, the operator's hostPath volume.
 func (w *world) freshLayer(t *testing.T) {
 	t.Helper()
 	rel, err := filepath.Rel(w.dir, w.roots.Root)
@@ -62,7 +63,7 @@ func (w *world) freshLayer(t *testing.T) {
 		t.Fatal(err)
 	}
 	for p, content := range files(hosttest.Snapshot(t, w.dir)) {
-		if !strings.HasPrefix(p, rel+"/") {
+		if !strings.HasPrefix(p, rel+"/") || strings.HasPrefix(p, rel+"/lib/firmware/") {
 			continue
 		}
 		old, ok := w.before[p]
@@ -132,8 +133,16 @@ func TestKilledAgentIsAdopted(t *testing.T) {
 	for _, tc := range crashPoints {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld(t)
+			gsp := w.roots.InRoot(imageFirmwareDir, testVersion, "gsp_ga10x.bin")
+			os.MkdirAll(filepath.Dir(gsp), 0o755)
+			os.WriteFile(gsp, []byte("gsp"), 0o644)
+			w.before = files(hosttest.Snapshot(t, w.dir))
 			w.killed(t, tc.crash)
 			j := w.journal(t)
+			copied := w.roots.InRoot("lib/firmware/nvidia", testVersion, "gsp_ga10x.bin")
+			if !slices.Equal(j.FirmwareFiles, []string{copied}) || len(j.FirmwareDirs) == 0 {
+				t.Errorf("journal firmware %v in %v, want %s", j.FirmwareFiles, j.FirmwareDirs, copied)
+			}
 			if !slices.Equal(j.Prerequisites, []string{"i2c_core", "ipmi_devintf"}) {
 				t.Errorf("journal prerequisites %v, want i2c_core ipmi_devintf (ipmi_msghandler was loaded before)", j.Prerequisites)
 			}
