@@ -206,7 +206,7 @@ func (r *run) stillThere(j Journal) Journal {
 	out.FirmwareFiles = slices.DeleteFunc(slices.Clone(j.FirmwareFiles), func(p string) bool { return !exists(p) })
 	out.Devices = slices.DeleteFunc(slices.Clone(j.Devices), func(p string) bool { return !exists(p) })
 	out.Mounts = slices.DeleteFunc(slices.Clone(j.Mounts), func(p string) bool {
-		mounted, err := isMountPoint(r.Host.InProc("self/mountinfo"), p)
+		mounted, err := kernel.IsMountPoint(r.Host.Proc, p)
 		return err != nil || !mounted
 	})
 	return out
@@ -267,7 +267,7 @@ func (r *run) pushAdopted(j Journal) {
 	}
 	for _, target := range j.Mounts {
 		r.push("adopted", func(context.Context) error {
-			if mounted, err := isMountPoint(r.Host.InProc("self/mountinfo"), target); err != nil || !mounted {
+			if mounted, err := kernel.IsMountPoint(r.Host.Proc, target); err != nil || !mounted {
 				return err
 			}
 			r.Log.Info("Unmounting the NVIDIA driver rootfs an earlier agent mounted...", "target", target)
