@@ -8,7 +8,7 @@
 #  - DRIVER_BASE_URL and CUDA_REPO_BASE point at a busybox httpd on 127.0.0.1 serving
 #      <ver>/NVIDIA-Linux-x86_64-<ver>.run   made with makeself: Debian's real NVIDIA kernel sources
 #                                            (scripts/nvidia-sources.sh) and userspace laid out as
-#                                            NVIDIA's .run lays it out (test/image/README.md says
+#                                            NVIDIA's .run lays it out (test/vm/README.md says
 #                                            which parts are stand-ins);
 #      cuda/x86_64/                          a signed apt repository with stand-in
 #                                            nvidia-fabricmanager-<branch> and libnvidia-nscq-<branch>
