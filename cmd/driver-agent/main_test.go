@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"debug/elf"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -16,8 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/driver-agent/driver-agent/pkg/config"
-	"github.com/driver-agent/driver-agent/pkg/exitcode"
 	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
 )
 
@@ -233,26 +230,3 @@ func TestScriptCLI(t *testing.T) {
 
 // progName matches the program name in usage text, not in file names like nvidia-driver.pid.
 var progName = regexp.MustCompile(`nvidia-driver([^.]|$)`)
-
-// TestREADME keeps the README's configuration and exit-code tables true.
-func TestREADME(t *testing.T) {
-	data, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	readme := string(data)
-	for _, o := range config.Options() {
-		if !strings.Contains(readme, "| `--"+o.Flag+"` | `"+o.Env+"` |") {
-			t.Errorf("README lacks the row for --%s / %s", o.Flag, o.Env)
-		}
-	}
-	for _, e := range exitcode.Table() {
-		if !strings.Contains(readme, fmt.Sprintf("| %d | ", e.Code)) {
-			t.Errorf("README lacks exit code %d", e.Code)
-		}
-	}
-	ci, err := os.ReadFile("../../.ci/run")
-	if err != nil || !strings.Contains(string(ci), "\nmake ci\n") || !strings.Contains(readme, "\nmake ci\n") {
-		t.Error(".ci/run must run exactly the README's test command, make ci")
-	}
-}

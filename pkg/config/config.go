@@ -153,7 +153,7 @@ func Options() []Option {
 		ag(Option{Flag: "sys", Default: "/sys", Usage: "sysfs mount", set: path(func(c *Config) *string { return &c.Sys })}),
 		ag(Option{Flag: "dev", Default: "/dev", Usage: "device directory", set: path(func(c *Config) *string { return &c.Dev })}),
 		ag(Option{Flag: "run", Default: "/run", Usage: "run directory shared with the host (holds nvidia/)", set: path(func(c *Config) *string { return &c.Run })}),
-		ag(Option{Flag: "drivers-dir", Default: "/drivers", Usage: "directory of <module>.conf parameter files", set: path(func(c *Config) *string { return &c.DriversDir })}),
+		ag(Option{Flag: "drivers-dir", Default: "/drivers", Usage: "directory of <module>.conf parameter files (those of nvidia, nvidia-uvm, nvidia-modeset, nvidia-peermem and nvidia-drm are checked before anything is changed)", set: path(func(c *Config) *string { return &c.DriversDir })}),
 		ag(Option{Flag: "dry-run", Default: "false", Bool: true, Usage: "decide and print the plan; change nothing", set: boolean(func(c *Config) *bool { return &c.DryRun })}),
 		ag(Option{Flag: "output", Default: "text", Usage: "plan and status format: text or json", set: oneOf(func(c *Config) *string { return &c.Output }, "text", "json")}),
 		ag(Option{Flag: "log-format", Default: "text", Usage: "log format: text or json", set: oneOf(func(c *Config) *string { return &c.LogFormat }, "text", "json")}),
@@ -195,9 +195,9 @@ func Options() []Option {
 			return nil
 		}}),
 		ag(Option{Flag: "require-signed", Default: "false", Bool: true, Usage: "refuse modules whose stored signature cannot be re-attached", set: boolean(func(c *Config) *bool { return &c.RequireSigned })}),
-		ag(Option{Flag: "work-dir", Usage: "where the compile path extracts the kernel build tree and builds (default: the system temporary directory); needs about 2 GiB", set: optionalPath(func(c *Config) *string { return &c.WorkDir })}),
-		ag(Option{Flag: "kernel-build-tree", Usage: "a kernel build tree (the directory with the kernel's Makefile and .config) to compile against when the host has none", set: optionalPath(func(c *Config) *string { return &c.KernelBuildTree })}),
-		ag(Option{Flag: "flatcar-release-url", Repeat: true, Usage: "release server URL template (http or https, or a local mirror as file:///dir or /dir), repeatable, tried in order; {channel}, {board}, {arch} and {version} are filled in (default: Flatcar's release servers, then its bincache)", set: func(c *Config, v string) error {
+		ag(Option{Flag: "work-dir", Usage: "where the compile path extracts the kernel build tree and builds (default: the system temporary directory, in the container's filesystem); needs about 2 GiB", set: optionalPath(func(c *Config) *string { return &c.WorkDir })}),
+		ag(Option{Flag: "kernel-build-tree", Usage: "a kernel build tree (the directory with the kernel's Makefile and .config) to compile against when the host has none (tried after the host's /usr/lib/modules/<kver>/build)", set: optionalPath(func(c *Config) *string { return &c.KernelBuildTree })}),
+		ag(Option{Flag: "flatcar-release-url", Repeat: true, Usage: "release server URL template (http or https, or a local mirror as file:///dir or /dir; a server's redirect may only go to http or https), repeatable, tried in order; {channel}, {board}, {arch} and {version} are filled in (default: Flatcar's release servers, then its bincache); for mirrors and air-gapped clusters", set: func(c *Config, v string) error {
 			var urls []string
 			for _, u := range strings.Fields(v) {
 				switch {
@@ -223,7 +223,7 @@ func Options() []Option {
 			c.CC = v
 			return nil
 		}}),
-		ag(Option{Flag: "module-param", Repeat: true, Usage: "module.key=value, repeatable; overrides /drivers/<module>.conf", set: func(c *Config, v string) error {
+		ag(Option{Flag: "module-param", Repeat: true, Usage: "module.key=value, repeatable (the variable takes a space-separated list); overrides /drivers/<module>.conf", set: func(c *Config, v string) error {
 			var f modparams.Flag
 			for _, p := range strings.Fields(v) {
 				if err := f.Set(p); err != nil {
@@ -251,7 +251,7 @@ func Options() []Option {
 			c.DriverBranch = n
 			return nil
 		}},
-		{Flag: "kernel-module-type", Env: "KERNEL_MODULE_TYPE", Default: "auto", Usage: "kernel module flavour: auto, open or proprietary", set: oneOf(func(c *Config) *string { return &c.KernelModuleType }, "auto", "open", "proprietary")},
+		{Flag: "kernel-module-type", Env: "KERNEL_MODULE_TYPE", Default: "auto", Usage: "kernel module flavour: auto (decided from the GPUs), open or proprietary", set: oneOf(func(c *Config) *string { return &c.KernelModuleType }, "auto", "open", "proprietary")},
 		{Flag: "driver-config-digest", Env: "DRIVER_CONFIG_DIGEST", Usage: "the operator's digest of the driver configuration; equal digests keep loaded modules", set: func(c *Config, v string) error {
 			if strings.ContainsFunc(v, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) || len(v) > 256 {
 				return errors.New("want at most 256 characters without spaces or control characters")
@@ -273,8 +273,8 @@ func Options() []Option {
 			return nil
 		}},
 		{Flag: "node-name", Env: "NODE_NAME", Usage: "the Kubernetes node name (for logs and metrics)", set: str(func(c *Config) *string { return &c.NodeName })},
-		{Flag: "driver-type", Env: "DRIVER_TYPE", Default: "passthrough", Usage: "passthrough (bare metal, GPU passthrough) or vgpu (a vGPU guest: also run nvidia-gridd and nvidia-topologyd)", set: oneOf(func(c *Config) *string { return &c.DriverType }, "passthrough", "vgpu")},
-		{Flag: "vgpu-license-server-type", Env: "VGPU_LICENSE_SERVER_TYPE", Default: "NLS", Usage: "vGPU licensing: NLS also copies <drivers-dir>/ClientConfigToken/* to /etc/nvidia/ClientConfigToken/ for nvidia-gridd", set: func(c *Config, v string) error {
+		{Flag: "driver-type", Env: "DRIVER_TYPE", Default: "passthrough", Usage: "passthrough (bare metal or GPU passthrough) or vgpu (a vGPU guest: also copy the licensing files and run nvidia-gridd and nvidia-topologyd)", set: oneOf(func(c *Config) *string { return &c.DriverType }, "passthrough", "vgpu")},
+		{Flag: "vgpu-license-server-type", Env: "VGPU_LICENSE_SERVER_TYPE", Default: "NLS", Usage: "with DRIVER_TYPE=vgpu: NLS also copies <drivers-dir>/ClientConfigToken/* to /etc/nvidia/ClientConfigToken/ for nvidia-gridd; any other single word (a legacy license server) copies only gridd.conf", set: func(c *Config, v string) error {
 			if !wordRE.MatchString(v) {
 				return errors.New("want a single word such as NLS")
 			}
@@ -426,6 +426,10 @@ func paramFileModules() []string {
 	return []string{"nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-peermem", "nvidia-drm"}
 }
 
+// NVFMUsage describes the NVFM_CONFIG_<KEY> variables, the one setting that is not an Option (its
+// names are not fixed).
+const NVFMUsage = "KEY=value for the fabric manager configuration (KEY must match [A-Z0-9_]+)"
+
 // Usage writes the flag reference.
 func Usage(w io.Writer, name string) {
 	fmt.Fprintf(w, "Usage: %s init [flags]\n\nFlags (each also read from the environment variable in brackets):\n", name)
@@ -436,6 +440,6 @@ func Usage(w io.Writer, name string) {
 		}
 		fmt.Fprintf(w, "  --%s\t%s%s [%s]\n", o.Flag, o.Usage, def, o.Env)
 	}
-	fmt.Fprintf(w, "  NVFM_CONFIG_<KEY>=value\tset KEY=value in the fabric manager configuration\n")
+	fmt.Fprintf(w, "  NVFM_CONFIG_<KEY>=value\t%s\n", NVFMUsage)
 	scriptUsage(w)
 }
