@@ -1,10 +1,13 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	gobuild "go/build"
 	"io/fs"
 	"maps"
 	"os"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -22,7 +25,8 @@ const repoRoot = "../.."
 // TestREADME keeps the README true: its flag table is config.Options, its exit-code table is
 // exitcode.Table, its Layout lists exactly the repository's packages and directories (see
 // layoutDirs), every relative link and path in the repository's markdown stays inside the
-// repository and resolves, and .ci/run runs the README's test command.
+// repository and resolves, docs/ARCHITECTURE.md's layers and import table are the packages'
+// imports, and .ci/run runs the README's test command.
 func TestREADME(t *testing.T) {
 	readme := readText(t, filepath.Join(repoRoot, "README.md"))
 	dirs, err := layoutDirs(repoRoot)
@@ -38,6 +42,11 @@ func TestREADME(t *testing.T) {
 	problems = append(problems, exitTableProblems(readme)...)
 	problems = append(problems, layoutProblems(readme, dirs)...)
 	problems = append(problems, linkProblems(docs)...)
+	imports, err := moduleImports(repoRoot, dirs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	problems = append(problems, architectureProblems(docs["docs/ARCHITECTURE.md"], imports)...)
 	for _, p := range problems {
 		t.Error(p)
 	}
@@ -57,8 +66,8 @@ func TestREADMEChecks(t *testing.T) {
 	}
 	flagRow := tableLine(t, readme, flagHeader, 0)
 	flagRow2 := tableLine(t, readme, flagHeader, 1)
-	exitRow := tableLine(t, readme, exitHeader, 3)
-	layoutLine := "\npkg/agent "
+	exitRow := tableLine(t, readme, exitHeader, 4)
+	layoutLine := "\npkg/agent/ "
 	lastOption := config.Options()[len(config.Options())-1]
 	cases := []struct {
 		name     string
@@ -78,9 +87,9 @@ func TestREADMEChecks(t *testing.T) {
 		{"exit: wrong code", exitRow, strings.Replace(exitRow, "| 4 |", "| 40 |", 1), exitTableProblems},
 		{"exit: missing row", exitRow + "\n", "", exitTableProblems},
 		{"exit: extra row", exitRow + "\n", exitRow + "\n| 13 | not a code |\n", exitTableProblems},
-		{"layout: missing entry", layoutLine, "\npkg/agentx ", func(r string) []string { return layoutProblems(r, dirs) }},
-		{"layout: extra entry", layoutLine, "\npkg/nosuch x\npkg/agent ", func(r string) []string { return layoutProblems(r, dirs) }},
-		{"layout: duplicate entry", layoutLine, "\npkg/agent x\npkg/agent ", func(r string) []string { return layoutProblems(r, dirs) }},
+		{"layout: missing entry", layoutLine, "\npkg/agentx/ ", func(r string) []string { return layoutProblems(r, dirs) }},
+		{"layout: extra entry", layoutLine, "\npkg/nosuch/ x\npkg/agent/ ", func(r string) []string { return layoutProblems(r, dirs) }},
+		{"layout: duplicate entry", layoutLine, "\npkg/agent/ x\npkg/agent/ ", func(r string) []string { return layoutProblems(r, dirs) }},
 		{"layout: missing directory", "", "", func(r string) []string { return layoutProblems(r, append(slices.Clip(dirs), "pkg/new")) }},
 		{"link: missing file", "## Guides\n", "## Guides\n[x](docs/nosuch.md)\n", readmeLinkProblems},
 		{"link: missing heading", "## Guides\n", "## Guides\n[x](docs/modules.md#no-such-heading)\n", readmeLinkProblems},
@@ -89,6 +98,39 @@ func TestREADMEChecks(t *testing.T) {
 	}
 	if len(flagTableProblems(readme))+len(exitTableProblems(readme))+len(layoutProblems(readme, dirs))+len(readmeLinkProblems(readme)) > 0 {
 		t.Fatal("the README itself fails the checks (see TestREADME)")
+	}
+	arch := readText(t, filepath.Join(repoRoot, "docs/ARCHITECTURE.md"))
+	imports, err := moduleImports(repoRoot, dirs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	archCheck := func(doc string) []string { return architectureProblems(doc, imports) }
+	if len(archCheck(arch)) > 0 {
+		t.Fatal("docs/ARCHITECTURE.md itself fails the checks (see TestREADME)")
+	}
+	archRow := tableLine(t, arch, archHeader, 0)
+	archCases := []struct {
+		name, old, new string
+	}{
+		{"architecture: wrong imports", archRow, strings.Replace(archRow, "| cli |", "| cli agent |", 1)},
+		{"architecture: missing row", archRow + "\n", ""},
+		{"architecture: extra row", archRow + "\n", archRow + "\n| nosuch | host |\n"},
+		{"architecture: package in a higher box", "\n| cli ", "\n| host   cli "},
+		{"architecture: package missing from the drawing", "\n| cli ", "\n|     "},
+		{"architecture: package twice in the drawing", "\n| cli ", "\n| cli cli "},
+	}
+	for _, c := range archCases {
+		t.Run(c.name, func(t *testing.T) {
+			mutated := strings.Replace(arch, c.old, c.new, 1)
+			if mutated == arch {
+				t.Fatalf("replacing %q changes nothing", c.old)
+			}
+			if got := archCheck(mutated); len(got) == 0 {
+				t.Errorf("the check passes an ARCHITECTURE.md with %s", c.name)
+			} else {
+				t.Logf("caught: %s", strings.Join(got, "; "))
+			}
+		})
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -431,4 +473,161 @@ func readmeLinkProblems(readme string) []string {
 	}
 	docs["README.md"] = readme
 	return linkProblems(docs)
+}
+
+// modulePath is the main module's import path.
+const modulePath = "github.com/driver-agent/driver-agent/"
+
+// moduleImports maps each package under cmd/ and pkg/ (by its ARCHITECTURE.md name: the path
+// without pkg/) to the packages of the module its non-test files import, by the same names.
+func moduleImports(root string, dirs []string) (map[string][]string, error) {
+	out := map[string][]string{}
+	for _, d := range dirs {
+		if !strings.HasPrefix(d, "cmd/") && !strings.HasPrefix(d, "pkg/") {
+			continue
+		}
+		p, err := gobuild.ImportDir(filepath.Join(root, filepath.FromSlash(d)), 0)
+		var noGo *gobuild.NoGoError
+		if errors.As(err, &noGo) {
+			continue // test files only
+		}
+		if err != nil {
+			return nil, err
+		}
+		var imps []string
+		for _, imp := range p.Imports {
+			if rest, ok := strings.CutPrefix(imp, modulePath); ok {
+				imps = append(imps, archName(rest))
+			}
+		}
+		out[archName(d)] = imps
+	}
+	return out, nil
+}
+
+func archName(dir string) string { return strings.TrimPrefix(dir, "pkg/") }
+
+// testHelper reports whether a package exists for tests only (hosttest, buildtest, ...).
+func testHelper(name string) bool { return strings.HasSuffix(path.Base(name), "test") }
+
+const archHeader = "| package | imports |"
+
+// architectureLayers reads the drawing under "## Packages and their layers": each box (the "|"
+// lines between two "+" lines) is one layer, the top first.
+func architectureLayers(doc string) ([][]string, bool) {
+	_, after, ok := strings.Cut(doc, "\n## Packages and their layers\n")
+	if !ok {
+		return nil, false
+	}
+	_, block, ok := strings.Cut(after, "```\n")
+	if !ok {
+		return nil, false
+	}
+	block, _, ok = strings.Cut(block, "```")
+	if !ok {
+		return nil, false
+	}
+	var layers [][]string
+	var cur []string
+	for _, l := range strings.Split(block, "\n") {
+		switch {
+		case strings.HasPrefix(l, "+"):
+			if cur != nil {
+				layers = append(layers, cur)
+			}
+			cur = nil
+		case strings.HasPrefix(l, "|"):
+			cur = append(cur, strings.Fields(strings.ReplaceAll(l, "|", " "))...)
+			if cur == nil {
+				cur = []string{}
+			}
+		}
+	}
+	return layers, len(layers) > 0
+}
+
+// architectureProblems compares docs/ARCHITECTURE.md with imports: every package but the test
+// helpers is drawn once, each imports only packages in lower boxes, the import table lists
+// exactly each package's imports, and no package imports a test helper.
+func architectureProblems(doc string, imports map[string][]string) []string {
+	var problems []string
+	layers, ok := architectureLayers(doc)
+	if !ok {
+		return []string{"docs/ARCHITECTURE.md has no layer drawing under \"## Packages and their layers\""}
+	}
+	layerOf := map[string]int{}
+	for i, layer := range layers {
+		for _, p := range layer {
+			if _, known := imports[p]; !known {
+				problems = append(problems, fmt.Sprintf("docs/ARCHITECTURE.md draws %s, which is not a package under cmd/ or pkg/", p))
+			}
+			if _, twice := layerOf[p]; twice {
+				problems = append(problems, fmt.Sprintf("docs/ARCHITECTURE.md draws %s twice", p))
+			}
+			layerOf[p] = i
+		}
+	}
+	for _, p := range slices.Sorted(maps.Keys(imports)) {
+		for _, imp := range imports[p] {
+			if testHelper(imp) {
+				problems = append(problems, fmt.Sprintf("%s imports the test helper %s outside its tests", p, imp))
+			}
+		}
+		if testHelper(p) {
+			continue
+		}
+		l, drawn := layerOf[p]
+		if !drawn {
+			problems = append(problems, fmt.Sprintf("docs/ARCHITECTURE.md's drawing lacks %s", p))
+			continue
+		}
+		for _, imp := range imports[p] {
+			if li, ok := layerOf[imp]; ok && li <= l {
+				problems = append(problems, fmt.Sprintf("docs/ARCHITECTURE.md draws %s at or above %s, which imports it", imp, p))
+			}
+		}
+	}
+	var want [][]string
+	var leaves []string
+	for _, p := range slices.Sorted(maps.Keys(imports)) {
+		if testHelper(p) {
+			continue
+		}
+		if len(imports[p]) == 0 {
+			leaves = append(leaves, p)
+			continue
+		}
+		want = append(want, []string{p, strings.Join(slices.Sorted(slices.Values(imports[p])), " ")})
+	}
+	want = append(want, []string{strings.Join(leaves, ", "), "—"})
+	// The table's order is the drawing's, top first; compare it as a set.
+	rows, ok := table(doc, archHeader)
+	if !ok {
+		return append(problems, fmt.Sprintf("docs/ARCHITECTURE.md has no table with the header %q", archHeader))
+	}
+	got := map[string]string{}
+	for _, r := range rows {
+		if len(r.cells) != 2 {
+			problems = append(problems, fmt.Sprintf("docs/ARCHITECTURE.md's import row %q has %d cells, want 2", r.line, len(r.cells)))
+			continue
+		}
+		if _, twice := got[r.cells[0]]; twice {
+			problems = append(problems, fmt.Sprintf("docs/ARCHITECTURE.md's import table has %s twice", r.cells[0]))
+		}
+		got[r.cells[0]] = r.cells[1]
+	}
+	for _, w := range want {
+		g, ok := got[w[0]]
+		switch {
+		case !ok:
+			problems = append(problems, fmt.Sprintf("docs/ARCHITECTURE.md's import table lacks the row %s | %s", w[0], w[1]))
+		case g != w[1]:
+			problems = append(problems, fmt.Sprintf("docs/ARCHITECTURE.md says %s imports %q; it imports %q", w[0], g, w[1]))
+		}
+		delete(got, w[0])
+	}
+	for p := range got {
+		problems = append(problems, fmt.Sprintf("docs/ARCHITECTURE.md's import table has a row for %s, which imports nothing of the module or is no package", p))
+	}
+	return problems
 }
