@@ -225,11 +225,16 @@ func (r *run) nvidiaLoaded() bool {
 }
 
 // pushAdopted registers the undo of an earlier agent's changes. They were made before this
-// run's, so they are undone after its own: the mount first, then (once nvidia is gone) the
-// device nodes and firmware, the firmware search path, and the prerequisites last.
+// run's, so they are undone after its own: the mount first, then, once nvidia is gone, the
+// device nodes and firmware, the firmware search path, and the prerequisites last. While nvidia
+// stays loaded (in use) all but the mount stay, and the journal keeps them for the next agent.
 func (r *run) pushAdopted(j Journal) {
 	if len(j.Prerequisites) > 0 {
 		r.push("adopted", func(context.Context) error {
+			if r.nvidiaLoaded() {
+				r.Log.Info("nvidia is still loaded; leaving the prerequisite modules an earlier agent loaded", "modules", j.Prerequisites)
+				return nil
+			}
 			for i := len(j.Prerequisites) - 1; i >= 0; i-- {
 				if err := r.Host.Kernel.UnloadModule(j.Prerequisites[i]); err != nil {
 					r.Log.Info("leaving prerequisite module loaded", "module", j.Prerequisites[i], "loaded_by", "an earlier agent", "reason", err)
@@ -241,7 +246,7 @@ func (r *run) pushAdopted(j Journal) {
 	if j.FirmwarePathBefore != nil {
 		before := []byte(*j.FirmwarePathBefore)
 		r.push("adopted", func(context.Context) error {
-			if !r.firmwarePathIsOurs() {
+			if !r.firmwarePathIsOurs() || r.nvidiaLoaded() {
 				return nil
 			}
 			return r.Host.Files.WriteFile(r.Host.InSys("module/firmware_class/parameters/path"), before, 0o644, false)

@@ -323,8 +323,9 @@ func TestJournalNotTrusted(t *testing.T) {
 	}
 }
 
-// TestJournalKeepsWhatStays: a teardown that cannot unload a driver in use leaves the journal
-// with what stays (the device nodes), and the next agent removes them once the driver goes.
+// TestJournalKeepsWhatStays: a teardown that cannot unload a driver in use leaves what the driver
+// needs (device nodes, prerequisites, the firmware search path) and the journal naming them, and
+// the next agent undoes them once the driver goes.
 func TestJournalKeepsWhatStays(t *testing.T) {
 	w := newWorld(t)
 	cancel, done := startAgent(w.agent(t))
@@ -339,8 +340,19 @@ func TestJournalKeepsWhatStays(t *testing.T) {
 	if !slices.Contains(j.Devices, w.roots.InDev("nvidia0")) {
 		t.Errorf("journal devices %v, want the nodes left with the driver in use", j.Devices)
 	}
-	if len(j.Mounts) != 0 || j.FirmwarePathBefore != nil {
-		t.Errorf("journal keeps what the teardown undid: %+v", j)
+	if len(j.Prerequisites) == 0 || j.FirmwarePathBefore == nil {
+		t.Errorf("journal %+v, want the prerequisites and the firmware search path the driver in use still has", j)
+	}
+	if got := w.read(t, "sys/module/firmware_class/parameters/path"); got != firmwareSearchPath {
+		t.Errorf("firmware search path %q with the driver in use, want %q kept", got, firmwareSearchPath)
+	}
+	for _, m := range j.Prerequisites {
+		if !slices.Contains(w.kernel.Loaded(), m) {
+			t.Errorf("prerequisite %s unloaded under the driver in use", m)
+		}
+	}
+	if len(j.Mounts) != 0 {
+		t.Errorf("journal keeps the mount the teardown undid: %+v", j)
 	}
 	w.kernel.Use("nvidia_uvm", -1)
 	cancel2, done2 := startAgent(w.agent(t, "--metrics-address", ""))

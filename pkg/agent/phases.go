@@ -412,9 +412,13 @@ func (r *run) prerequisites(files []modules.File) ([]modules.File, error) {
 	return resolved, nil
 }
 
-// unloadPrereqs removes the prerequisites this run loaded, last first, once; one that something
-// else now uses stays loaded.
+// unloadPrereqs removes the prerequisites this run loaded, last first, once nvidia is gone; one
+// that something else now uses stays loaded.
 func (r *run) unloadPrereqs(context.Context) error {
+	if r.nvidiaLoaded() {
+		r.Log.Info("nvidia is still loaded; leaving the prerequisite modules loaded", "modules", r.prereqs)
+		return nil
+	}
 	for i := len(r.prereqs) - 1; i >= 0; i-- {
 		if err := r.Host.Kernel.UnloadModule(r.prereqs[i]); err != nil {
 			r.Log.Info("leaving prerequisite module loaded", "module", r.prereqs[i], "reason", err)
@@ -515,7 +519,13 @@ func (r *run) setFirmwarePath() {
 		r.Log.Warn("could not set the firmware search path", "path", path, "error", err)
 		return
 	}
-	r.push(PhaseLoad, func(context.Context) error { return r.Host.Files.WriteFile(path, cur, 0o644, false) })
+	r.push(PhaseLoad, func(context.Context) error {
+		if r.nvidiaLoaded() {
+			r.Log.Info("nvidia is still loaded; leaving the firmware search path set", "path", path)
+			return nil
+		}
+		return r.Host.Files.WriteFile(path, cur, 0o644, false)
+	})
 }
 
 func (r *run) devicesPhase(context.Context) error {

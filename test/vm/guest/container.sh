@@ -13,7 +13,6 @@
 CTR_IMAGE=/vmtest/image
 CTR_BUNDLE=/vmtest/bundle
 CTR_RUN=/var/lib/vmtest-ctr # on the initramfs root, which is private: mounts under it do not propagate
-JOURNAL=/run/nvidia/driver-agent/journal.json # what an agent changed on the node, for the next one
 . "$CTR_BUNDLE/pod.sh"
 
 # ctr_boot: once per boot, before the boot-time module list is taken: the disk, the overlay and

@@ -20,6 +20,7 @@ PERSISTENCED_PIDFILE=/var/run/nvidia-persistenced/nvidia-persistenced.pid
 FIRMWARE_PATH=/sys/module/firmware_class/parameters/path
 FIRMWARE_WANT=/run/nvidia/driver/lib/firmware
 AGENT_CACHE=/run/nvidia/driver-agent/cache
+JOURNAL=/run/nvidia/driver-agent/journal.json # what an agent changed on the node, for the next one
 FM_STATE=/tmp/vmtest-fm
 FM_CONFIG_SHIPPED=/usr/share/nvidia/nvswitch/fabricmanager.cfg
 FM_CONFIG_AGENT=/run/nvidia/driver-agent/fabricmanager.cfg

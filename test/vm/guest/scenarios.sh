@@ -188,6 +188,9 @@ scn_in_use() {
 		mod_loaded "$m" || fail "$m unloaded although in use"
 	done
 	[ -c /dev/nvidia0 ] || fail "/dev/nvidia0 removed although in use"
+	check_eq "firmware search path with the driver in use" "$(firmware_path)" "$FIRMWARE_WANT"
+	mod_loaded ipmi_msghandler || fail "prerequisite ipmi_msghandler unloaded under the driver in use"
+	grep -q '"firmwarePathBefore"' "$JOURNAL" || fail "the journal does not keep the firmware search path for the next agent"
 	mounted_under "$DRIVER_ROOT" && fail "$DRIVER_ROOT still mounted"
 	persistenced_running && fail "nvidia-persistenced stand-in still running"
 	ready && fail "$STATUS still says Ready"
