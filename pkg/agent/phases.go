@@ -405,7 +405,7 @@ func (r *run) prerequisites(files []modules.File) ([]modules.File, error) {
 			}
 		}
 	}
-	resolved, err := modules.Resolve(images)
+	resolved, err := tree.Resolve(images, modules.KernelDecompresses(r.Host.Roots))
 	if err != nil {
 		return nil, fmt.Errorf("%w: prerequisites: %w", exitcode.ErrModuleLoad, err)
 	}

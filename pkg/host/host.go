@@ -59,7 +59,10 @@ func join(root string, elem []string) string {
 type ModuleImage struct {
 	Name   string // module name as the kernel knows it (underscores), e.g. "nvidia_uvm"
 	Path   string // the file it comes from
-	Data   []byte // decompressed image; nil means Path is a plain .ko loaded by file descriptor
+	Data   []byte // decompressed image; nil means Path is loaded by file descriptor
+	// Compressed says Path is compressed in the format the kernel decompresses itself
+	// (/sys/module/compression): finit_module gets MODULE_INIT_COMPRESSED_FILE.
+	Compressed bool
 	Params string // parameter string, e.g. "NVreg_EnableGpuFirmware=0 NVreg_X=1"
 	// File, when set, is Path already open (a cache entry's module, verified through it):
 	// LoadModule loads from this descriptor instead of opening Path again. The caller closes it.
@@ -68,7 +71,8 @@ type ModuleImage struct {
 
 // Kernel loads and unloads kernel modules.
 type Kernel interface {
-	// LoadModule loads m with finit_module (plain .ko) or init_module (decompressed Data).
+	// LoadModule loads m with finit_module (a plain .ko, or one the kernel decompresses) or
+	// init_module (decompressed Data).
 	LoadModule(m ModuleImage) error
 	// UnloadModule removes the named module without waiting (O_NONBLOCK); EBUSY and EAGAIN
 	// are returned as they are.

@@ -25,15 +25,19 @@ func (LinuxKernel) LoadModule(m ModuleImage) error {
 	if m.Data != nil {
 		return unix.InitModule(m.Data, m.Params)
 	}
+	flags := 0
+	if m.Compressed {
+		flags = unix.MODULE_INIT_COMPRESSED_FILE
+	}
 	if m.File != nil { // the kernel reads it from the start, whatever the file offset
-		return unix.FinitModule(int(m.File.Fd()), m.Params, 0)
+		return unix.FinitModule(int(m.File.Fd()), m.Params, flags)
 	}
 	f, err := os.Open(m.Path)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	return unix.FinitModule(int(f.Fd()), m.Params, 0)
+	return unix.FinitModule(int(f.Fd()), m.Params, flags)
 }
 
 // UnloadModule implements Kernel.

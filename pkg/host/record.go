@@ -51,7 +51,10 @@ func (r *Recorder) Actions() []Action {
 // LoadModule implements Kernel.
 func (r *Recorder) LoadModule(m ModuleImage) error {
 	how := "finit_module " + m.Path
-	if m.Data != nil {
+	switch {
+	case m.Compressed:
+		how += " (decompressed by the kernel)"
+	case m.Data != nil:
 		how = fmt.Sprintf("init_module %s (%d bytes decompressed)", m.Path, len(m.Data))
 	}
 	if m.Params != "" {

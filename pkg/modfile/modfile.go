@@ -69,6 +69,21 @@ func (c Compression) String() string {
 	return fmt.Sprintf("Compression(%d)", int(c))
 }
 
+// KernelCompression is the compression a kernel built with CONFIG_MODULE_DECOMPRESS names in
+// /sys/module/compression ("gzip", "xz" or "zstd", with or without the newline); ok is false for
+// anything else.
+func KernelCompression(s string) (c Compression, ok bool) {
+	switch strings.TrimSpace(s) {
+	case "xz":
+		return XZ, true
+	case "zstd":
+		return Zstd, true
+	case "gzip":
+		return Gzip, true
+	}
+	return None, false
+}
+
 // extensions maps file name suffixes to their compression. It is never
 // modified.
 var extensions = []struct {

@@ -474,3 +474,18 @@ func TestIsELF(t *testing.T) {
 		}
 	}
 }
+
+func TestKernelCompression(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want Compression
+		ok   bool
+	}{
+		{"xz\n", XZ, true}, {"zstd\n", Zstd, true}, {"gzip", Gzip, true},
+		{"", None, false}, {"zst\n", None, false}, {"XZ\n", None, false}, {"xz zstd\n", None, false},
+	} {
+		if got, ok := KernelCompression(tc.in); got != tc.want || ok != tc.ok {
+			t.Errorf("KernelCompression(%q) = %v, %v; want %v, %v", tc.in, got, ok, tc.want, tc.ok)
+		}
+	}
+}

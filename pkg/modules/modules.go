@@ -44,16 +44,21 @@ func (l Loader) Load(ctx context.Context, files []File) ([]string, error) {
 		if err := ctx.Err(); err != nil {
 			return nil, errors.Join(err, l.rollback(loaded))
 		}
-		l.Log.Info("loading kernel module", "module", m.Name, "path", m.Path, "params", m.Params)
+		attrs := []any{"module", m.Name, "path", m.Path, "params", m.Params}
+		if m.Compressed {
+			attrs = append(attrs, "decompressed_by", "kernel")
+		}
+		l.Log.Info("loading kernel module", attrs...)
 		err := l.Host.Kernel.LoadModule(m)
 		if errors.Is(err, unix.EEXIST) {
+			info := f.fullInfo()
 			sm, rerr := kernel.ReadSysModule(l.Host.Sys, m.Name)
-			if rerr == nil && sm.Version == f.Info.Version {
+			if rerr == nil && sm.Version == info.Version {
 				l.Log.Info("kernel module is already loaded with the same version; adopting it", "module", m.Name, "version", sm.Version)
 				loaded = append(loaded, m.Name)
 				continue
 			}
-			err = fmt.Errorf("%w (loaded version %q, this one %q)", err, sm.Version, f.Info.Version)
+			err = fmt.Errorf("%w (loaded version %q, this one %q)", err, sm.Version, info.Version)
 		}
 		if err != nil {
 			lerr := l.explain(f, err, kmsg.Lines())
@@ -84,7 +89,7 @@ func (l Loader) explain(f File, err error, kmsg []string) error {
 	case errors.Is(err, unix.ENODEV):
 		class, what = exitcode.ErrNoGPU, "the kernel found no NVIDIA GPU this driver supports"
 	case errors.Is(err, unix.ENOEXEC):
-		what = fmt.Sprintf("invalid module format: the module was built for %q, the running kernel is %s", f.Info.Vermagic, l.Release)
+		what = fmt.Sprintf("invalid module format: the module was built for %q, the running kernel is %s", f.fullInfo().Vermagic, l.Release)
 	case errors.Is(err, unix.ENOENT):
 		what = "unknown symbol"
 		if syms := unknownSymbols(kmsg); len(syms) > 0 {

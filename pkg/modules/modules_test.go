@@ -14,12 +14,14 @@ import (
 	"time"
 
 	"github.com/klauspost/compress/zstd"
+	"github.com/ulikunitz/xz"
 	"golang.org/x/sys/unix"
 
 	"github.com/driver-agent/driver-agent/pkg/daemon/daemontest"
 	"github.com/driver-agent/driver-agent/pkg/exitcode"
 	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
+	"github.com/driver-agent/driver-agent/pkg/modfile"
 )
 
 type env struct {
@@ -418,5 +420,75 @@ func TestUnloadCancelled(t *testing.T) {
 	err := Unloader{Host: e.host, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Timeout: time.Hour}.Unload(ctx, []string{"nvidia"})
 	if !errors.Is(err, context.Canceled) || errors.Is(err, exitcode.ErrInUse) {
 		t.Errorf("err = %v", err)
+	}
+}
+
+// TestTreeResolveLeavesTheKernelsFormat: modules of the tree in the format the kernel decompresses
+// go to it as files (no Data, dependencies from modules.dep, Compressed); the others are
+// decompressed here; the fake kernel, like the real one, decompresses what it is handed, and a
+// refusal still reads the module's own .modinfo for its message.
+func TestTreeResolveLeavesTheKernelsFormat(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	var xzbuf, zbuf bytes.Buffer
+	xw, err := xz.NewWriter(&xzbuf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	xw.Write(hosttest.ModuleELF("name=ipmi_devintf", "version=39.2", "depends=ipmi_msghandler", "vermagic=6.12.0-other SMP"))
+	hosttest.Must(t, xw.Close())
+	zw, _ := zstd.NewWriter(&zbuf)
+	zw.Write(hosttest.ModuleELF("name=ipmi_msghandler", "version=39.2", "depends="))
+	zw.Close()
+	dir := filepath.Join(e.dir, "lib/modules/6.12.0")
+	hosttest.Must(t, os.MkdirAll(filepath.Join(dir, "kernel"), 0o755))
+	hosttest.Must(t, os.WriteFile(filepath.Join(dir, "kernel/ipmi_devintf.ko.xz"), xzbuf.Bytes(), 0o644))
+	hosttest.Must(t, os.WriteFile(filepath.Join(dir, "kernel/ipmi_msghandler.ko.zst"), zbuf.Bytes(), 0o644))
+	hosttest.Must(t, os.WriteFile(filepath.Join(dir, "modules.dep"), []byte("kernel/ipmi_devintf.ko.xz: kernel/ipmi_msghandler.ko.zst\nkernel/ipmi_msghandler.ko.zst:\n"), 0o644))
+	tree, err := ReadTree(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	images, _ := tree.Closure("ipmi_devintf", nil)
+
+	hosttest.Must(t, os.MkdirAll(e.roots.InSys("module"), 0o755))
+	hosttest.Must(t, os.WriteFile(e.roots.InSys("module/compression"), []byte("xz\n"), 0o444))
+	if got := KernelDecompresses(e.roots); got != modfile.XZ {
+		t.Fatalf("KernelDecompresses = %v, want xz", got)
+	}
+	files, err := tree.Resolve(images, KernelDecompresses(e.roots))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) != 2 || files[0].Image.Name != "ipmi_msghandler" || files[1].Image.Name != "ipmi_devintf" {
+		t.Fatalf("files %+v, want ipmi_msghandler then ipmi_devintf", files)
+	}
+	if f := files[0]; f.Image.Compressed || f.Image.Data == nil {
+		t.Errorf("the .ko.zst on an xz kernel: Compressed %v, %d bytes: want it decompressed here", f.Image.Compressed, len(f.Image.Data))
+	}
+	if f := files[1]; !f.Image.Compressed || f.Image.Data != nil || !slices.Equal(f.Info.Depends, []string{"ipmi_msghandler"}) {
+		t.Errorf("the .ko.xz on an xz kernel: Compressed %v, %d bytes, depends %v: want the file for the kernel, modules.dep's dependencies", f.Image.Compressed, len(f.Image.Data), f.Info.Depends)
+	}
+	loaded, err := e.loader().Load(context.Background(), files)
+	if err != nil || !slices.Equal(loaded, []string{"ipmi_msghandler", "ipmi_devintf"}) {
+		t.Fatalf("Load = %v, %v", loaded, err)
+	}
+	if v, _ := os.ReadFile(e.roots.InSys("module/ipmi_devintf/version")); strings.TrimSpace(string(v)) != "39.2" {
+		t.Errorf("the kernel loaded ipmi_devintf with version %q, want its own 39.2", v)
+	}
+	// Loaded again: adopted by the version of its own .modinfo, read now.
+	if loaded, err := e.loader().Load(context.Background(), files[1:]); err != nil || !slices.Equal(loaded, []string{"ipmi_devintf"}) {
+		t.Errorf("reload of the same version: %v, %v", loaded, err)
+	}
+
+	hosttest.Must(t, os.Remove(e.roots.InSys("module/compression")))
+	if files, err := tree.Resolve(images, KernelDecompresses(e.roots)); err != nil || files[1].Image.Compressed || files[1].Image.Data == nil {
+		t.Errorf("a kernel that decompresses nothing: %+v, %v; want every file decompressed here", files, err)
+	}
+
+	e2 := newEnv(t, map[string]hosttest.FakeModule{"ipmi_devintf": {Err: unix.ENOEXEC}})
+	_, err = e2.loader().Load(context.Background(), files[1:])
+	if err == nil || !strings.Contains(err.Error(), `built for "6.12.0-other SMP"`) {
+		t.Errorf("refused: %v, want the vermagic of the module's own .modinfo", err)
 	}
 }

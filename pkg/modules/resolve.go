@@ -26,10 +26,41 @@ type File struct {
 // only the section of a plain .ko) and returns the images ordered so that every module comes
 // after the modules of the set it depends on (depends= in .modinfo).
 func Resolve(images []host.ModuleImage) ([]File, error) {
+	return resolve(images, resolveOne)
+}
+
+// KernelDecompresses is the compression the running kernel decompresses itself
+// (<sys>/module/compression, CONFIG_MODULE_DECOMPRESS, Linux 5.17 and later); None when it
+// decompresses none.
+func KernelDecompresses(r host.Roots) modfile.Compression {
+	data, err := os.ReadFile(r.InSys("module/compression"))
+	if err != nil {
+		return modfile.None
+	}
+	c, _ := modfile.KernelCompression(string(data))
+	return c
+}
+
+// Resolve is the package's Resolve for modules of the tree, which modules.dep describes: a
+// module compressed in kc, the format the kernel decompresses itself (KernelDecompresses), is
+// not decompressed here; its dependencies come from modules.dep and the kernel gets the file
+// (Compressed). Decompressing xz in Go costs about as much as the rest of a cached start.
+func (t *Tree) Resolve(images []host.ModuleImage, kc modfile.Compression) ([]File, error) {
+	return resolve(images, func(im host.ModuleImage) (File, error) {
+		if c, err := modfile.CompressionFor(im.Path); err != nil || c == modfile.None || c != kc {
+			return resolveOne(im)
+		}
+		im.Compressed = true
+		return File{Image: im, Info: modfile.ModInfo{Name: im.Name, Depends: t.Deps[im.Name]}}, nil
+	})
+}
+
+// resolve resolves each image with one and orders the files by their dependencies.
+func resolve(images []host.ModuleImage, one func(host.ModuleImage) (File, error)) ([]File, error) {
 	files := make([]File, 0, len(images))
 	byName := map[string]int{}
 	for _, im := range images {
-		f, err := resolveOne(im)
+		f, err := one(im)
 		if err != nil {
 			return nil, err
 		}
@@ -55,6 +86,23 @@ func Resolve(images []host.ModuleImage) ([]File, error) {
 		ordered[i] = files[byName[name]]
 	}
 	return ordered, nil
+}
+
+// fullInfo is f's .modinfo; for a module the kernel decompresses, Tree.Resolve knew only its name
+// and dependencies, so it is read here, when a refusal needs its version or vermagic.
+func (f File) fullInfo() modfile.ModInfo {
+	if !f.Image.Compressed {
+		return f.Info
+	}
+	m, err := modfile.Open(f.Image.Path)
+	if err != nil {
+		return f.Info
+	}
+	info, err := modfile.Info(m.Data)
+	if err != nil {
+		return f.Info
+	}
+	return info
 }
 
 func resolveOne(im host.ModuleImage) (File, error) {

@@ -71,6 +71,12 @@ func (k *FakeKernel) LoadModule(m host.ModuleImage) error {
 		var err error
 		switch {
 		case data != nil:
+		case m.Compressed: // the kernel decompresses it
+			mod, err := modfile.Open(m.Path)
+			if err != nil {
+				return unix.ENOEXEC
+			}
+			data = mod.Data
 		case m.File != nil: // what the real kernel reads: the open file, from its start
 			if data, err = io.ReadAll(io.NewSectionReader(m.File, 0, 1<<40)); err != nil {
 				return err

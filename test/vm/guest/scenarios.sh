@@ -331,7 +331,7 @@ scn_reload_digest() {
 # compressed-prereqs: this boot's prerequisite modules are .ko.xz and .ko.zst (modules.dep says
 # so); the agent loads them, becomes ready, and unloads them again on SIGTERM.
 scn_compressed_prereqs() {
-	local m
+	local m kc by_kernel
 	start_ready /tmp/compressed.log vmtest-a || return
 	for m in ipmi_msghandler ipmi_devintf; do
 		mod_loaded "$m" || fail "compressed prerequisite $m not loaded"
@@ -339,6 +339,16 @@ scn_compressed_prereqs() {
 	for m in wmi video; do
 		mod_loaded "$m" && note "$m loaded" || note "$m not loaded"
 	done
+	# A kernel with CONFIG_MODULE_DECOMPRESS (6.12: xz) gets the files of its format as they are
+	# (finit_module with MODULE_INIT_COMPRESSED_FILE); the others the agent decompresses (6.1: all).
+	kc=$(cat /sys/module/compression 2>/dev/null)
+	by_kernel=$(grep -c 'msg="loading kernel module".*decompressed_by=kernel' /tmp/compressed.log)
+	case "$kc" in
+	xz) grep -q 'msg="loading kernel module".*\.ko\.xz .*decompressed_by=kernel' /tmp/compressed.log || fail "the kernel decompresses xz, but no .ko.xz was handed to it" ;;
+	"") [ "$by_kernel" = 0 ] || fail "$by_kernel modules handed to a kernel that decompresses none" ;;
+	esac
+	grep 'msg="loading kernel module".*\.ko\.zst' /tmp/compressed.log | grep -q decompressed_by=kernel && [ "$kc" != zstd ] && fail "a .ko.zst handed to a kernel that decompresses '$kc'"
+	note "kernel decompresses '${kc:-none}': $by_kernel of the prerequisites"
 	agent_stop TERM $((SHUTDOWN_TIMEOUT_S + 10))
 	check_eq "exit code after SIGTERM" "$AGENT_RC" 0
 	check_clean
