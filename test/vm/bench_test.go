@@ -19,11 +19,19 @@ import (
 // "bench" scenario: VMTEST_BENCH_RUNS (DRIVER_AGENT_VM_BENCH_RUNS, default 7) rounds of the
 // agent's precompiled path (empty cache, so it links), the same from the cache, and busybox
 // scripts doing only the same insmods and mknods (script-min), and also the link, firmware path,
-// daemon and mount (script-full).
+// daemon and mount (script-full). DRIVER_AGENT_VM_BENCH_KERNEL=6.12 runs it on the second kernel.
 func TestVMBench(t *testing.T) {
-	tl, err := findTools()
+	kernels, err := findKernels()
 	if err != nil {
 		t.Fatal(err)
+	}
+	tl := kernels[0]
+	if v := os.Getenv("DRIVER_AGENT_VM_BENCH_KERNEL"); v != "" {
+		i := slices.IndexFunc(kernels, func(k *tools) bool { return k.name == v })
+		if i < 0 {
+			t.Fatalf("DRIVER_AGENT_VM_BENCH_KERNEL=%q: want %s or %s", v, kernels[0].name, kernels[1].name)
+		}
+		tl = kernels[i]
 	}
 	h := setup(t, []*tools{tl}, true)[0]
 	h.kernelBanner(t)
