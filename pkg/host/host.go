@@ -57,13 +57,13 @@ func join(root string, elem []string) string {
 
 // ModuleImage is one kernel module to load.
 type ModuleImage struct {
-	Name   string // module name as the kernel knows it (underscores), e.g. "nvidia_uvm"
-	Path   string // the file it comes from
-	Data   []byte // decompressed image; nil means Path is loaded by file descriptor
+	Name string // module name as the kernel knows it (underscores), e.g. "nvidia_uvm"
+	Path string // the file it comes from
+	Data []byte // decompressed image; nil means Path is loaded by file descriptor
 	// Compressed says Path is compressed in the format the kernel decompresses itself
 	// (/sys/module/compression): finit_module gets MODULE_INIT_COMPRESSED_FILE.
 	Compressed bool
-	Params string // parameter string, e.g. "NVreg_EnableGpuFirmware=0 NVreg_X=1"
+	Params     string // parameter string, e.g. "NVreg_EnableGpuFirmware=0 NVreg_X=1"
 	// File, when set, is Path already open (a cache entry's module, verified through it):
 	// LoadModule loads from this descriptor instead of opening Path again. The caller closes it.
 	File *os.File
