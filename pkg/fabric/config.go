@@ -1,7 +1,8 @@
 // Package fabric knows what NVSwitch and NVLink5 systems need besides the driver: whether a node
 // needs the fabric manager (nv-fabricmanager) and the NVLink subnet manager (nvlsm), the prerequisites
 // and the switch-management port they need, the private fabricmanager.cfg the agent writes for
-// them, and their command lines as daemon specs for the supervisor in package daemon.
+// them, their command lines as daemon specs for the supervisor in package daemon, and, once they
+// run, the GPUs' fabric state as nvidia-smi reports it (read until it settles).
 package fabric
 
 import (
