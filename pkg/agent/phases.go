@@ -134,19 +134,7 @@ func (r *run) source() Source {
 	}
 	r.src = r.Source
 	if r.src == nil {
-		cacheDir := r.cfg.CacheDir
-		if cacheDir == "" {
-			cacheDir = r.Host.InRun("nvidia/driver-agent/cache")
-		}
-		if r.cfg.CacheMaxEntries == 0 {
-			cacheDir = ""
-		}
-		version := r.cfg.DriverVersion
-		if version == "" {
-			version = "<DRIVER_VERSION>" // a dry run without it still shows where it would look
-		}
-		src := &imageSource{roots: r.Host.Roots, files: r.Host.Files, version: version, cacheDir: cacheDir,
-			maxEntries: r.cfg.CacheMaxEntries, requireSigned: r.cfg.RequireSigned, dryRun: r.cfg.DryRun, log: r.Log, cfg: r.cfg, terminal: r.Terminal}
+		src := &imageSource{cfg: r.Config, roots: r.Host.Roots, files: r.Host.Files, log: r.Log, terminal: r.Terminal}
 		if r.Reaper != nil {
 			src.runner, src.buildRunner = r.Reaper, r.Reaper
 		}

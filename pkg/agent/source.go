@@ -70,21 +70,18 @@ type Source interface {
 // imageSource is the default Source: the host cache, then NVIDIA's precompiled packages shipped
 // in the image under <root>/usr/src/nvidia-<version>/<flavor>/precompiled.
 type imageSource struct {
-	roots         host.Roots
-	files         host.Files // the build log's copy and removal, a damaged cache entry's removal
-	version       string
-	release       string
-	banner        string
-	cacheDir      string
-	maxEntries    int
-	requireSigned bool
-	dryRun        bool // Find must not write: the cache is only read
-	log           *slog.Logger
-	runner        interface {
+	// cfg is the run's configuration: the driver version, the cache, --require-signed, the
+	// compile path's settings; with DryRun, Find must not write (the cache is only read).
+	cfg     *config.Config
+	roots   host.Roots
+	files   host.Files // the build log's copy and removal, a damaged cache entry's removal
+	release string
+	banner  string
+	log     *slog.Logger
+	runner  interface {
 		Output(ctx context.Context, c host.Cmd) ([]byte, error)
 	}
 	buildRunner host.Runner          // runs the compile path's children; nil means os/exec
-	cfg         *config.Config       // the compile path's settings
 	terminal    io.Writer            // progress bars, when stderr is a terminal
 	entry       *cache.Entry         // the entry Find checked, whose modules Prepare verifies
 	damaged     error                // why Prepare removed that entry
@@ -121,12 +118,32 @@ func (s *imageSource) count(f func(*SourceStats)) {
 	f(&s.stats)
 }
 
+// version is the driver version; a dry run without one still shows where it would look.
+func (s *imageSource) version() string {
+	if s.cfg.DriverVersion == "" {
+		return "<DRIVER_VERSION>"
+	}
+	return s.cfg.DriverVersion
+}
+
+// cacheDir is the module cache: --cache-dir, by default under <run>; "" when
+// --cache-max-entries is 0 (no cache).
+func (s *imageSource) cacheDir() string {
+	switch {
+	case s.cfg.CacheMaxEntries == 0:
+		return ""
+	case s.cfg.CacheDir != "":
+		return s.cfg.CacheDir
+	}
+	return s.roots.InRun("nvidia/driver-agent/cache")
+}
+
 func (s *imageSource) srcDir(flavor string) string {
-	return s.roots.InRoot("usr/src", "nvidia-"+s.version, flavor)
+	return s.roots.InRoot("usr/src", "nvidia-"+s.version(), flavor)
 }
 
 func (s *imageSource) key(flavor string) cache.Key {
-	return cache.Key{Banner: s.banner, DriverVersion: s.version, Flavor: flavor}
+	return cache.Key{Banner: s.banner, DriverVersion: s.version(), Flavor: flavor}
 }
 
 // Find implements Source.
@@ -136,14 +153,14 @@ func (s *imageSource) Find(_ context.Context, f detect.Facts, flavor string) (De
 	if s.damaged != nil { // Prepare found the entry Find chose damaged, and removed it
 		d.Skipped = append(d.Skipped, "cache: "+s.damaged.Error())
 	}
-	if s.cacheDir != "" {
+	if cacheDir := s.cacheDir(); cacheDir != "" {
 		// Open leaves the modules' sha256 to Prepare, which verifies each through the descriptor
 		// it is then loaded from: what is loaded is hashed once, the package (never loaded) not.
 		lookup := cache.Open
-		if s.dryRun {
+		if s.cfg.DryRun {
 			lookup = cache.Peek // verifies all, neither removes a damaged entry nor marks a hit as used
 		}
-		entry, ok, err := lookup(s.cacheDir, s.key(flavor))
+		entry, ok, err := lookup(cacheDir, s.key(flavor))
 		s.count(func(st *SourceStats) {
 			if ok {
 				st.CacheHits++
@@ -155,21 +172,21 @@ func (s *imageSource) Find(_ context.Context, f detect.Facts, flavor string) (De
 		case ok:
 			s.entry = &entry
 			d.Path, d.Package = PathCached, entry.Dir
-			d.Reason = fmt.Sprintf("modules built earlier on this node for this kernel banner, driver %s and flavour %s are in the cache", s.version, flavor)
+			d.Reason = fmt.Sprintf("modules built earlier on this node for this kernel banner, driver %s and flavour %s are in the cache", s.version(), flavor)
 			return d, nil
-		case errors.Is(err, cache.ErrCorrupt) && s.dryRun:
+		case errors.Is(err, cache.ErrCorrupt) && s.cfg.DryRun:
 			s.log.Warn("damaged cache entry; a real run removes it and makes the modules again", "error", err)
 			d.Skipped = append(d.Skipped, "cache: "+err.Error())
 		case errors.Is(err, cache.ErrCorrupt):
 			s.log.Warn("damaged cache entry removed; it will be rebuilt", "error", err)
 			d.Skipped = append(d.Skipped, "cache: "+err.Error())
 		case err != nil:
-			s.log.Warn("module cache unusable", "dir", s.cacheDir, "error", err)
+			s.log.Warn("module cache unusable", "dir", cacheDir, "error", err)
 			d.Skipped = append(d.Skipped, "cache: "+err.Error())
 		}
 	}
 	dir := filepath.Join(s.srcDir(flavor), "precompiled")
-	res := precompiled.Scan(dir, s.banner, s.version)
+	res := precompiled.Scan(dir, s.banner, s.version())
 	for _, sk := range res.Skipped {
 		s.log.Warn("skipping precompiled package", "package", sk.Path, "why", sk.Reason)
 		d.Skipped = append(d.Skipped, fmt.Sprintf("%s: %s", sk.Path, sk.Reason))
@@ -178,11 +195,11 @@ func (s *imageSource) Find(_ context.Context, f detect.Facts, flavor string) (De
 		s.log.Info("Found NVIDIA driver package " + filepath.Base(res.Path))
 		d.Path, d.Package = PathPrecompiled, res.Path
 		s.pkg, s.pkgPath = res.Package, res.Path
-		d.Reason = fmt.Sprintf("kernel interface matches: %s was built for this kernel banner and driver %s", filepath.Base(res.Path), s.version)
+		d.Reason = fmt.Sprintf("kernel interface matches: %s was built for this kernel banner and driver %s", filepath.Base(res.Path), s.version())
 		return d, nil
 	}
 	d.Path = PathCompile
-	d.Reason = fmt.Sprintf("no precompiled package in %s matches kernel %s and driver %s, and no cached build", dir, s.release, s.version)
+	d.Reason = fmt.Sprintf("no precompiled package in %s matches kernel %s and driver %s, and no cached build", dir, s.release, s.version())
 	s.compile, s.compileErr = s.compileOptions(f, flavor)
 	if s.compileErr == nil {
 		var plan string
@@ -199,20 +216,17 @@ func (s *imageSource) Find(_ context.Context, f detect.Facts, flavor string) (De
 // compileOptions turns the configuration and the host's facts into the compile path's options.
 func (s *imageSource) compileOptions(f detect.Facts, flavor string) (compile.Options, error) {
 	o := compile.Options{
-		Roots: s.roots, KernelRelease: f.KernelRelease, Banner: f.Banner, DriverVersion: s.version,
+		Roots: s.roots, KernelRelease: f.KernelRelease, Banner: f.Banner, DriverVersion: s.version(),
 		Flatcar: f.Flatcar, SourceDir: s.srcDir(flavor), Runner: s.buildRunner, Log: s.log,
-		Terminal: s.terminal,
+		Terminal: s.terminal, KernelBuildTree: s.cfg.KernelBuildTree, Jobs: s.cfg.MaxThreads, CC: s.cfg.CC,
+		Fetch: flatcar.Options{URLs: s.cfg.FlatcarReleaseURLs, InsecureSkipVerify: s.cfg.InsecureSkipVerify},
 	}
-	if c := s.cfg; c != nil {
-		o.KernelBuildTree, o.Jobs, o.CC = c.KernelBuildTree, c.MaxThreads, c.CC
-		o.Fetch = flatcar.Options{URLs: c.FlatcarReleaseURLs, InsecureSkipVerify: c.InsecureSkipVerify}
-		if c.FlatcarSigningKey != "" {
-			key, err := os.ReadFile(c.FlatcarSigningKey)
-			if err != nil {
-				return o, fmt.Errorf("--flatcar-signing-key: %w", err)
-			}
-			o.Fetch.Keyring = key
+	if s.cfg.FlatcarSigningKey != "" {
+		key, err := os.ReadFile(s.cfg.FlatcarSigningKey)
+		if err != nil {
+			return o, fmt.Errorf("--flatcar-signing-key: %w", err)
 		}
+		o.Fetch.Keyring = key
 	}
 	return o, nil
 }
@@ -294,7 +308,8 @@ func classifyCompile(err error) error {
 // the work dir (on a node the two overlap: nvidia takes seconds to initialise its GPUs). Wait
 // waits for it. A failed store is a warning: the next start makes the modules again.
 func (s *imageSource) storeInBackground(key cache.Key, mods []link.Module) {
-	if s.cacheDir == "" {
+	dir := s.cacheDir()
+	if dir == "" {
 		return
 	}
 	done := make(chan struct{})
@@ -307,14 +322,14 @@ func (s *imageSource) storeInBackground(key cache.Key, mods []link.Module) {
 			s.log.Debug("the cache store runs at normal priority", "error", err)
 		}
 		start := time.Now()
-		entry, err := cache.Store(s.cacheDir, key, mods)
+		entry, err := cache.Store(dir, key, mods)
 		if err != nil {
-			s.log.Warn("could not store the modules in the cache; the next start makes them again", "dir", s.cacheDir, "error", err)
+			s.log.Warn("could not store the modules in the cache; the next start makes them again", "dir", dir, "error", err)
 			return
 		}
 		s.stored = true
 		s.log.Info("stored the modules in the host cache", "entry", entry.Dir, "seconds", time.Since(start).Seconds())
-		if removed, err := cache.Prune(s.cacheDir, s.maxEntries); err != nil {
+		if removed, err := cache.Prune(dir, s.cfg.CacheMaxEntries); err != nil {
 			s.log.Warn("could not prune the module cache", "error", err)
 		} else if len(removed) > 0 {
 			s.log.Info("pruned the module cache", "removed", removed)
@@ -327,7 +342,7 @@ func (s *imageSource) storeInBackground(key cache.Key, mods []link.Module) {
 // earlier run stored them in if it could; "" when none does.
 func (s *imageSource) KeptIn() string {
 	if !s.found || s.entry != nil || s.stored {
-		return s.cacheDir
+		return s.cacheDir()
 	}
 	return ""
 }
@@ -368,7 +383,7 @@ func (s *imageSource) Prepare(ctx context.Context, d Decision, workDir string) (
 		}
 		s.log.Info("Relinking NVIDIA driver kernel modules...", "package", d.Package)
 		mods, err := link.Link(ctx, p, filepath.Join(workDir, "link"), link.Options{
-			CoreObjectDir: s.srcDir(d.Flavor), KernelRelease: s.release, RequireSigned: s.requireSigned, Log: s.log, Runner: s.runner,
+			CoreObjectDir: s.srcDir(d.Flavor), KernelRelease: s.release, RequireSigned: s.cfg.RequireSigned, Log: s.log, Runner: s.runner,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("%w: link %s: %w", exitcode.ErrModuleLoad, filepath.Base(d.Package), err)

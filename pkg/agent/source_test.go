@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/driver-agent/driver-agent/pkg/cache"
+	"github.com/driver-agent/driver-agent/pkg/config"
 	"github.com/driver-agent/driver-agent/pkg/detect"
 	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
@@ -25,7 +26,7 @@ func TestPrepareLinksThePackageFindChose(t *testing.T) {
 	roots := hosttest.Roots(t, dir)
 	banner := "Linux version 6.6.95-flatcar (build@pony) #1 SMP"
 	path := writePackage(t, roots, "nvidia-modules-6.6.95", banner)
-	s := &imageSource{roots: roots, files: host.OSFiles{}, version: testVersion, log: slog.New(slog.DiscardHandler)}
+	s := &imageSource{cfg: &config.Config{DriverVersion: testVersion}, roots: roots, files: host.OSFiles{}, log: slog.New(slog.DiscardHandler)}
 	d, err := s.Find(context.Background(), detect.Facts{KernelRelease: "6.6.95-flatcar", Banner: banner}, "kernel")
 	if err != nil || d.Path != PathPrecompiled || d.Package != path {
 		t.Fatalf("Find = %+v, %v; want the package %s", d, err, path)
@@ -66,7 +67,7 @@ func TestCachedModulesLoadFromTheVerifiedFile(t *testing.T) {
 		}
 		mods = append(mods, link.Module{Name: name, Path: path})
 	}
-	s := &imageSource{roots: roots, files: host.OSFiles{}, version: testVersion, banner: banner, cacheDir: cacheDir, log: slog.New(slog.DiscardHandler)}
+	s := &imageSource{cfg: &config.Config{DriverVersion: testVersion, CacheDir: cacheDir, CacheMaxEntries: 3}, roots: roots, files: host.OSFiles{}, banner: banner, log: slog.New(slog.DiscardHandler)}
 	entry, err := cache.Store(cacheDir, s.key("kernel"), mods)
 	if err != nil {
 		t.Fatal(err)
