@@ -96,7 +96,6 @@ type undo struct {
 // decision, loaded, devices, daemons, errors and heartbeat.
 type run struct {
 	*Agent
-	cfg      *config.Config
 	clock    daemon.Clock
 	st       status.Writer
 	src      Source
@@ -128,7 +127,7 @@ type phase struct {
 // clean stop; otherwise an error whose class exitcode.Code maps to the exit status.
 func (a *Agent) Run(ctx context.Context) (err error) {
 	cfg := a.Config
-	r := &run{Agent: a, cfg: cfg, st: status.Writer{Files: a.Host.Files, Paths: status.Paths{Run: a.Host.Run}}}
+	r := &run{Agent: a, st: status.Writer{Files: a.Host.Files, Paths: status.Paths{Run: a.Host.Run}}}
 	if r.clock = a.Clock; r.clock == nil {
 		r.clock = daemon.WallClock{}
 	}
@@ -246,7 +245,7 @@ func (r *run) setPhase(name string) {
 // writeStatus writes status.json from the current status. Writes are serialised and each takes
 // its snapshot inside, so the file never goes back to an older state.
 func (r *run) writeStatus() {
-	if r.cfg.DryRun {
+	if r.Config.DryRun {
 		return
 	}
 	r.writeMu.Lock()
@@ -291,7 +290,7 @@ func (r *run) runPhases(ctx context.Context, phases []phase) error {
 			r.Log.Debug("phase finished", "phase", p.name, "result", t.Result, "duration", t.Duration)
 		})
 		if err != nil {
-			if r.cfg.DryRun && ctx.Err() == nil {
+			if r.Config.DryRun && ctx.Err() == nil {
 				r.notes = append(r.notes, fmt.Sprintf("%s: would fail: %v", p.name, err))
 				continue
 			}
@@ -336,7 +335,7 @@ func (r *run) wait(ctx context.Context) error {
 // teardown runs the undos in reverse under a fresh deadline and joins their errors.
 func (r *run) teardown() error {
 	r.setPhase(PhaseTeardown)
-	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ShutdownTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), r.Config.ShutdownTimeout)
 	defer cancel()
 	var errs []error
 	for i := len(r.undos) - 1; i >= 0; i-- {

@@ -46,7 +46,7 @@ func (r *run) installModules(files []modules.File) error {
 	// In the container root, which the node sees as /run/nvidia/driver.
 	moddir := r.Host.InRoot("lib/modules", r.facts.KernelRelease)
 	dir := filepath.Join(moddir, driverRootModuleDir)
-	if r.cfg.DryRun {
+	if r.Config.DryRun {
 		var names []string
 		for _, f := range files {
 			names = append(names, f.Image.Name)

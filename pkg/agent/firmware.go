@@ -20,7 +20,7 @@ const imageFirmwareDir = "usr/share/driver-agent/firmware/nvidia"
 // size are kept. The copies are removed at teardown once nvidia is gone, so a GPU still in use
 // keeps its firmware.
 func (r *run) installFirmware() error {
-	src := r.Host.InRoot(imageFirmwareDir, r.cfg.DriverVersion)
+	src := r.Host.InRoot(imageFirmwareDir, r.Config.DriverVersion)
 	entries, err := os.ReadDir(src)
 	if errors.Is(err, fs.ErrNotExist) {
 		r.Log.Debug("the image has no GSP firmware copy", "dir", src)
@@ -29,7 +29,7 @@ func (r *run) installFirmware() error {
 	if err != nil {
 		return fmt.Errorf("GSP firmware: %w", err)
 	}
-	dst := r.Host.InRoot("lib/firmware/nvidia", r.cfg.DriverVersion)
+	dst := r.Host.InRoot("lib/firmware/nvidia", r.Config.DriverVersion)
 	var todo []string
 	for _, e := range entries {
 		fi, err := os.Stat(filepath.Join(src, e.Name()))
@@ -44,7 +44,7 @@ func (r *run) installFirmware() error {
 	if len(todo) == 0 {
 		return nil
 	}
-	if r.cfg.DryRun {
+	if r.Config.DryRun {
 		r.notes = append(r.notes, fmt.Sprintf("would copy the GSP firmware %v from %s to %s", todo, src, dst))
 		return nil
 	}

@@ -16,7 +16,7 @@ import (
 // the driver's documentation.
 func (r *run) supportedGPUsPaths() []string {
 	return []string{
-		r.Host.InRoot("usr/src", "nvidia-"+r.cfg.DriverVersion, "supported-gpus/supported-gpus.json"),
+		r.Host.InRoot("usr/src", "nvidia-"+r.Config.DriverVersion, "supported-gpus/supported-gpus.json"),
 		r.Host.InRoot("usr/share/doc/NVIDIA_GLX-1.0/supported-gpus/supported-gpus.json"),
 	}
 }
@@ -33,10 +33,10 @@ func (r *run) chooseFlavor() (string, string, error) {
 		r.Log.Warn(msg)
 		r.notes = append(r.notes, "flavour: "+msg)
 	}
-	switch r.cfg.KernelModuleType {
+	switch r.Config.KernelModuleType {
 	case "open", "proprietary":
 		f := flavor.Open
-		if r.cfg.KernelModuleType == "proprietary" {
+		if r.Config.KernelModuleType == "proprietary" {
 			f = flavor.Proprietary
 		}
 		if list, _, err := r.supportedGPUs(); err == nil {
@@ -44,30 +44,30 @@ func (r *run) chooseFlavor() (string, string, error) {
 				warn(w)
 			}
 		}
-		return f, "KERNEL_MODULE_TYPE=" + r.cfg.KernelModuleType, nil
+		return f, "KERNEL_MODULE_TYPE=" + r.Config.KernelModuleType, nil
 	}
-	if r.cfg.DriverBranch == 0 { // a dry run without DRIVER_VERSION
+	if r.Config.DriverBranch == 0 { // a dry run without DRIVER_VERSION
 		return flavor.Proprietary, "KERNEL_MODULE_TYPE=auto without a driver version: proprietary assumed", nil
 	}
 	if len(gpus) == 0 {
-		c, err := flavor.Choose(nil, flavor.List{}, r.cfg.DriverBranch)
+		c, err := flavor.Choose(nil, flavor.List{}, r.Config.DriverBranch)
 		return c.Flavor, c.Reason, err
 	}
 	list, path, err := r.supportedGPUs()
 	if errors.Is(err, fs.ErrNotExist) {
-		f, why := flavor.BranchRule(r.cfg.DriverBranch)
+		f, why := flavor.BranchRule(r.Config.DriverBranch)
 		warn(fmt.Sprintf("the image has no supported-gpus.json (looked for %s); choosing the flavour by the branch, not by the GPUs", path))
 		return f, "KERNEL_MODULE_TYPE=auto without the driver's list of supported GPUs: " + why, nil
 	}
 	if err != nil {
 		return "", "", fmt.Errorf("%s: %w; set KERNEL_MODULE_TYPE=open or proprietary to choose without it", path, err)
 	}
-	c, err := flavor.Choose(gpus, list, r.cfg.DriverBranch)
+	c, err := flavor.Choose(gpus, list, r.Config.DriverBranch)
 	for _, w := range c.Warnings {
 		warn(w)
 	}
 	if err != nil {
-		return "", "", fmt.Errorf("%w: driver %s: %w", exitcode.ErrNoGPU, r.cfg.DriverVersion, err)
+		return "", "", fmt.Errorf("%w: driver %s: %w", exitcode.ErrNoGPU, r.Config.DriverVersion, err)
 	}
 	return c.Flavor, c.Reason + " (" + path + ")", nil
 }

@@ -158,7 +158,7 @@ func (r *run) adoptJournal() {
 	if left.empty() {
 		return
 	}
-	if r.cfg.DryRun {
+	if r.Config.DryRun {
 		r.notes = append(r.notes, fmt.Sprintf("would adopt what the agent %d left (%s): %s", j.PID, path, describe(left)))
 		return
 	}
@@ -284,7 +284,7 @@ func (r *run) pushAdopted(j Journal) {
 // record adds a change to the journal and writes it before the change is made; the change must
 // not be made when this fails.
 func (r *run) record(add func(j *Journal)) error {
-	if r.cfg.DryRun {
+	if r.Config.DryRun {
 		return nil
 	}
 	r.jr.mu.Lock()
@@ -376,7 +376,7 @@ func (r *run) recordMount(target string) error {
 // closeJournal runs after the teardown: the journal keeps what is still on the node (a driver in
 // use, a prerequisite something else holds) for the next agent, and goes when nothing is.
 func (r *run) closeJournal() {
-	if r.cfg.DryRun {
+	if r.Config.DryRun {
 		return
 	}
 	r.jr.mu.Lock()

@@ -67,17 +67,17 @@ func (r *run) decide(ctx context.Context) error {
 	stored, _ := os.ReadFile(r.st.Paths.State())
 	r.Log.Info("Checking NVIDIA driver packages...")
 	switch {
-	case r.cfg.Modules == "host":
+	case r.Config.Modules == "host":
 		d.Path, d.Reason = PathHost, "--modules=host: the host loads the NVIDIA modules"
 		if r.facts.HostDriver != "" {
 			d.Reason += "; " + r.facts.HostDriver
 		}
-	case r.cfg.Modules == "auto" && r.facts.HostDriver != "":
+	case r.Config.Modules == "auto" && r.facts.HostDriver != "":
 		d.Path, d.Reason = PathHost, r.facts.HostDriver
-	case nvLoaded && r.cfg.ConfigDigest != "" && strings.TrimSpace(string(stored)) == strings.TrimSpace(r.cfg.ConfigDigest):
+	case nvLoaded && r.Config.ConfigDigest != "" && strings.TrimSpace(string(stored)) == strings.TrimSpace(r.Config.ConfigDigest):
 		// Trimmed: NVIDIA's script stores the digest with echo, so its file ends in a newline.
 		d.Path = PathFast
-		d.Reason = fmt.Sprintf("nvidia %s is loaded and %s holds DRIVER_CONFIG_DIGEST %s", orUnset(nv.Version), r.st.Paths.State(), r.cfg.ConfigDigest)
+		d.Reason = fmt.Sprintf("nvidia %s is loaded and %s holds DRIVER_CONFIG_DIGEST %s", orUnset(nv.Version), r.st.Paths.State(), r.Config.ConfigDigest)
 		r.Log.Info("The NVIDIA driver is already loaded with the desired configuration, performing userspace-only install")
 	case flavorErr != nil: // only a path that loads modules needs a flavour
 		return flavorErr
@@ -97,7 +97,7 @@ func (r *run) decide(ctx context.Context) error {
 		}
 	}
 	d.Modules, d.ModulesWhy = r.moduleSet()
-	if r.cfg.RDMA && !slices.Contains(d.Modules, "nvidia_peermem") {
+	if r.Config.RDMA && !slices.Contains(d.Modules, "nvidia_peermem") {
 		d.Extra = []string{"nvidia_peermem"} // installed for the peermem sidecar
 	}
 	r.mu.Lock()
@@ -113,13 +113,13 @@ func (r *run) moduleSet() ([]string, []string) {
 	set := []string{"nvidia", "nvidia_uvm", "nvidia_modeset"}
 	var why []string
 	switch {
-	case r.cfg.RDMA && len(r.facts.Mellanox) > 0:
+	case r.Config.RDMA && len(r.facts.Mellanox) > 0:
 		set = append(set, "nvidia_peermem")
 		why = append(why, fmt.Sprintf("nvidia_peermem: GPU_DIRECT_RDMA_ENABLED=true and %d Mellanox device(s)", len(r.facts.Mellanox)))
-	case r.cfg.RDMA:
+	case r.Config.RDMA:
 		why = append(why, "nvidia_peermem left out: GPU_DIRECT_RDMA_ENABLED=true but no Mellanox device")
 	}
-	if r.cfg.LoadDRM {
+	if r.Config.LoadDRM {
 		set = append(set, "nvidia_drm")
 		why = append(why, "nvidia_drm: --load-drm")
 	}
@@ -148,7 +148,7 @@ func (r *run) prepare(ctx context.Context) error {
 	case PathFast, PathHost:
 		return nil
 	}
-	if r.cfg.DryRun {
+	if r.Config.DryRun {
 		// Linking runs ld and writes files: the plan names what would be loaded instead.
 		for _, name := range r.decision.Modules {
 			r.images = append(r.images, host.ModuleImage{Name: name, Path: fmt.Sprintf("<%s>/%s.ko", r.decision.Path, strings.ReplaceAll(name, "_", "-"))})
@@ -161,12 +161,12 @@ func (r *run) prepare(ctx context.Context) error {
 	}
 	// The work dir is the run's private scratch (see package host): created, filled by the
 	// compile and link path and removed here with os directly, never in a dry run.
-	if r.cfg.WorkDir != "" {
-		if err := os.MkdirAll(r.cfg.WorkDir, 0o700); err != nil {
+	if r.Config.WorkDir != "" {
+		if err := os.MkdirAll(r.Config.WorkDir, 0o700); err != nil {
 			return fmt.Errorf("work dir: %w", err)
 		}
 		// This run holds the node's lock: work dirs there are left by agents that were killed.
-		stale, _ := filepath.Glob(filepath.Join(r.cfg.WorkDir, "driver-agent-*"))
+		stale, _ := filepath.Glob(filepath.Join(r.Config.WorkDir, "driver-agent-*"))
 		for _, d := range stale {
 			r.Log.Info("removing the work dir of an earlier agent", "dir", d)
 			if err := os.RemoveAll(d); err != nil {
@@ -174,7 +174,7 @@ func (r *run) prepare(ctx context.Context) error {
 			}
 		}
 	}
-	workDir, err := os.MkdirTemp(r.cfg.WorkDir, "driver-agent-")
+	workDir, err := os.MkdirTemp(r.Config.WorkDir, "driver-agent-")
 	if err != nil {
 		return fmt.Errorf("work dir: %w", err)
 	}
@@ -217,14 +217,14 @@ func (r *run) load(ctx context.Context) error {
 	if r.decision.Reload {
 		r.Log.Info("Unloading NVIDIA driver kernel modules...")
 		u := r.unloader()
-		u.Timeout = r.cfg.UnloadTimeout
+		u.Timeout = r.Config.UnloadTimeout
 		if err := u.Unload(ctx, NVIDIAModules()); err != nil {
 			return err
 		}
 	}
 	var files []modules.File
 	var err error
-	if r.cfg.DryRun {
+	if r.Config.DryRun {
 		for _, im := range r.images {
 			files = append(files, modules.File{Image: im})
 		}
@@ -303,9 +303,9 @@ func (r *run) applyParams(files []modules.File) error {
 	if err != nil {
 		return fmt.Errorf("%w: module parameters: %w", exitcode.ErrConfig, err)
 	}
-	set.Merge(&r.cfg.ModuleParams)
-	set.AddDefaults(modparams.Defaults(r.cfg.DriverBranch))
-	if r.cfg.LoadDRM {
+	set.Merge(&r.Config.ModuleParams)
+	set.AddDefaults(modparams.Defaults(r.Config.DriverBranch))
+	if r.Config.LoadDRM {
 		// nvidia-drm is only loaded on request, and then for a display: modeset=1 unless the user says otherwise.
 		var drm modparams.Set
 		if err := drm.Add("nvidia-drm", modparams.Param{Name: "modeset", Value: "1"}); err != nil {
@@ -418,7 +418,7 @@ func (r *run) unloadPrereqs(context.Context) error {
 // waitForHostDriver waits, bounded by --host-modules-timeout, for the host to have loaded nvidia
 // with the image's version; the agent never loads or unloads modules in this mode.
 func (r *run) waitForHostDriver(ctx context.Context) error {
-	deadline := r.clock.Now().Add(r.cfg.HostModulesTimeout)
+	deadline := r.clock.Now().Add(r.Config.HostModulesTimeout)
 	lastLog := time.Time{}
 	for {
 		nv, err := kernel.ReadSysModule(r.Host.Sys, "nvidia")
@@ -426,19 +426,19 @@ func (r *run) waitForHostDriver(ctx context.Context) error {
 			return err
 		}
 		switch {
-		case nv.Loaded && (r.cfg.DriverVersion == "" || nv.Version == r.cfg.DriverVersion):
+		case nv.Loaded && (r.Config.DriverVersion == "" || nv.Version == r.Config.DriverVersion):
 			r.Log.Info("using the host's NVIDIA driver", "version", nv.Version, "why", r.decision.Reason)
 			return nil
 		case nv.Loaded:
-			return fmt.Errorf("%w: the host loaded nvidia %s, the image has %s: use the image that matches the host's driver", exitcode.ErrHostDriver, nv.Version, r.cfg.DriverVersion)
-		case r.cfg.DryRun:
-			r.notes = append(r.notes, "load: would wait up to "+r.cfg.HostModulesTimeout.String()+" for the host to load nvidia")
+			return fmt.Errorf("%w: the host loaded nvidia %s, the image has %s: use the image that matches the host's driver", exitcode.ErrHostDriver, nv.Version, r.Config.DriverVersion)
+		case r.Config.DryRun:
+			r.notes = append(r.notes, "load: would wait up to "+r.Config.HostModulesTimeout.String()+" for the host to load nvidia")
 			return nil
 		case r.clock.Now().After(deadline):
-			return fmt.Errorf("%w: the host manages the NVIDIA modules (%s) but nvidia is not loaded after %s", exitcode.ErrHostDriver, r.decision.Reason, r.cfg.HostModulesTimeout)
+			return fmt.Errorf("%w: the host manages the NVIDIA modules (%s) but nvidia is not loaded after %s", exitcode.ErrHostDriver, r.decision.Reason, r.Config.HostModulesTimeout)
 		}
 		if r.clock.Now().Sub(lastLog) > 30*time.Second {
-			r.Log.Info("waiting for the host to load the NVIDIA driver", "why", r.decision.Reason, "timeout", r.cfg.HostModulesTimeout)
+			r.Log.Info("waiting for the host to load the NVIDIA driver", "why", r.decision.Reason, "timeout", r.Config.HostModulesTimeout)
 			lastLog = r.clock.Now()
 		}
 		t := r.clock.NewTimer(time.Second)
@@ -464,7 +464,7 @@ func (r *run) unloadUndo(ctx context.Context) error {
 // unloader removes the NVIDIA modules; holders the agent did not load stay, as users of the
 // driver, unless --unload-foreign-holders.
 func (r *run) unloader() modules.Unloader {
-	return modules.Unloader{Host: r.Host, Log: r.Log, Clock: r.clock, UnloadForeign: r.cfg.UnloadForeignHolders, DryRun: r.cfg.DryRun}
+	return modules.Unloader{Host: r.Host, Log: r.Log, Clock: r.clock, UnloadForeign: r.Config.UnloadForeignHolders, DryRun: r.Config.DryRun}
 }
 
 // firmwareDisabled reports whether the nvidia parameters turn GPU firmware off.
@@ -521,7 +521,7 @@ func (r *run) devicesPhase(context.Context) error {
 		return nil
 	}
 	modeset := slices.Contains(r.loaded, "nvidia_modeset")
-	if r.cfg.DryRun {
+	if r.Config.DryRun {
 		if _, err := os.Stat(r.Host.InProc("driver/nvidia")); err != nil {
 			r.notes = append(r.notes, fmt.Sprintf("devices: once the driver is loaded, would create %[1]s/nvidiactl, %[1]s/nvidia<N> for each GPU (%[2]d found on PCI), %[1]s/nvidia-modeset and %[1]s/nvidia-uvm{,-tools}", r.Host.Dev, len(r.facts.GPUs)))
 			return nil
@@ -552,8 +552,8 @@ func (r *run) daemonSpecs(ctx context.Context) ([]daemon.Spec, fabric.Plan, erro
 	pidDir := r.Host.InRoot("var/run/nvidia-persistenced")
 	specs := []daemon.Spec{{
 		Name: "nvidia-persistenced", Required: true,
-		Cmd:     host.Cmd{Path: r.Host.InRoot("usr/bin/nvidia-persistenced"), Args: r.cfg.PersistencedArgs},
-		PIDFile: filepath.Join(pidDir, "nvidia-persistenced.pid"), StopTimeout: r.cfg.DaemonStopTimeout,
+		Cmd:     host.Cmd{Path: r.Host.InRoot("usr/bin/nvidia-persistenced"), Args: r.Config.PersistencedArgs},
+		PIDFile: filepath.Join(pidDir, "nvidia-persistenced.pid"), StopTimeout: r.Config.DaemonStopTimeout,
 		Prepare: func() error { return r.Host.Files.MkdirAll(pidDir, 0o755) },
 	}}
 	vgpu, err := r.vgpuSpecs()
@@ -562,9 +562,9 @@ func (r *run) daemonSpecs(ctx context.Context) ([]daemon.Spec, fabric.Plan, erro
 	}
 	specs = append(specs, vgpu...)
 	plan, err := fabric.Prepare(ctx, fabric.Options{
-		Roots: r.Host.Roots, Files: r.Host.Files, Log: r.Log, Overrides: r.cfg.NVFM,
-		ConfigCopy: r.Host.InRun("nvidia/driver-agent/fabricmanager.cfg"), PrereqTimeout: r.cfg.NVLink5PrereqTimeout,
-		StopTimeout: r.cfg.DaemonStopTimeout, NoWait: r.cfg.DryRun, SettleTime: r.FabricSettle, Clock: r.clock,
+		Roots: r.Host.Roots, Files: r.Host.Files, Log: r.Log, Overrides: r.Config.NVFM,
+		ConfigCopy: r.Host.InRun("nvidia/driver-agent/fabricmanager.cfg"), PrereqTimeout: r.Config.NVLink5PrereqTimeout,
+		StopTimeout: r.Config.DaemonStopTimeout, NoWait: r.Config.DryRun, SettleTime: r.FabricSettle, Clock: r.clock,
 		SwitchTrays: &r.facts.SwitchTrays,
 	})
 	if err != nil {
@@ -584,7 +584,7 @@ func (r *run) daemonsPhase(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if r.cfg.DryRun {
+	if r.Config.DryRun {
 		for _, s := range specs {
 			if _, err := os.Stat(s.Cmd.Path); err != nil {
 				r.notes = append(r.notes, fmt.Sprintf("daemons: %s is not in this container root; in the driver image it is", s.Cmd.Path))
@@ -732,7 +732,7 @@ func (r *run) ready(ctx context.Context) error {
 	}
 	if r.decision.Path != PathHost {
 		r.Log.Info("Storing driver configuration digest...")
-		if err := r.st.StoreDigest(r.cfg.ConfigDigest); err != nil {
+		if err := r.st.StoreDigest(r.Config.ConfigDigest); err != nil {
 			return err
 		}
 		r.Log.Info("Driver configuration digest stored", "path", r.st.Paths.State())

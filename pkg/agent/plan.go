@@ -25,7 +25,7 @@ func (r *run) printPlan(runErr error, steps int) error {
 	p := Plan{Facts: r.facts, Decision: r.decision, Notes: r.notes}
 	all := r.Recorder.Actions()
 	p.Actions, p.Teardown = all[:steps], all[steps:]
-	if r.cfg.Output == "json" {
+	if r.Config.Output == "json" {
 		enc := json.NewEncoder(r.Out)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(p); err != nil {

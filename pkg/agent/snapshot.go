@@ -23,7 +23,7 @@ func (r *run) Snapshot() metrics.Snapshot {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s := metrics.Snapshot{
-		AgentVersion: r.Version, DriverVersion: r.cfg.DriverVersion, DriverBranch: r.cfg.DriverBranch,
+		AgentVersion: r.Version, DriverVersion: r.Config.DriverVersion, DriverBranch: r.Config.DriverBranch,
 		Flavor: r.decision.Flavor, Kernel: r.facts.KernelRelease, OS: strings.TrimSpace(r.facts.OS.ID + " " + r.facts.OS.VersionID),
 		InstallPath: r.decision.Path, Phase: r.status.Phase, Phases: Phases(), Ready: r.status.Ready,
 		DeviceNodes: len(r.devices), GPUs: len(r.facts.GPUs), NVSwitches: len(r.facts.NVSwitches),

@@ -32,7 +32,7 @@ const DriverTypeVGPU = "vgpu"
 // teardown), and returns nvidia-gridd (required: an unlicensed guest is throttled) and, when the
 // image has it, nvidia-topologyd (best effort). Both fork and are tracked by their PID files.
 func (r *run) vgpuSpecs() ([]daemon.Spec, error) {
-	if r.cfg.DriverType != DriverTypeVGPU {
+	if r.Config.DriverType != DriverTypeVGPU {
 		return nil, nil
 	}
 	etc := r.Host.InRoot("etc/nvidia")
@@ -44,7 +44,7 @@ func (r *run) vgpuSpecs() ([]daemon.Spec, error) {
 	} else if err != nil {
 		return nil, fmt.Errorf("%w: vGPU licensing: %w", exitcode.ErrDaemon, err)
 	}
-	if r.cfg.VGPULicenseType == "NLS" {
+	if r.Config.VGPULicenseType == "NLS" {
 		r.Log.Info("Copying ClientConfigToken...")
 		n, err := r.installDir(r.Host.InDrivers("ClientConfigToken"), filepath.Join(etc, "ClientConfigToken"), 0o600)
 		if err != nil {
@@ -54,7 +54,7 @@ func (r *run) vgpuSpecs() ([]daemon.Spec, error) {
 			r.Log.Warn("VGPU_LICENSE_SERVER_TYPE=NLS but there is no client configuration token: nvidia-gridd cannot get a license", "dir", r.Host.InDrivers("ClientConfigToken"))
 		}
 	} else {
-		r.Log.Info("not copying ClientConfigToken: the license server type is not NLS", "type", r.cfg.VGPULicenseType)
+		r.Log.Info("not copying ClientConfigToken: the license server type is not NLS", "type", r.Config.VGPULicenseType)
 	}
 
 	lib := r.griddLibraryPath()
@@ -75,7 +75,7 @@ func (r *run) forkingSpec(name string, required bool, env []string) daemon.Spec 
 	s := daemon.Spec{
 		Name: name, Required: required,
 		Cmd:     host.Cmd{Path: r.Host.InRoot("usr/bin", name)},
-		PIDFile: filepath.Join(pidDir, name+".pid"), StopTimeout: r.cfg.DaemonStopTimeout,
+		PIDFile: filepath.Join(pidDir, name+".pid"), StopTimeout: r.Config.DaemonStopTimeout,
 		Prepare: func() error { return r.Host.Files.MkdirAll(pidDir, 0o755) },
 	}
 	if len(env) > 0 {
