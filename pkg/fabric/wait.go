@@ -82,8 +82,8 @@ func (o StateOptions) withDefaults() StateOptions {
 // reports it. A failure the GPUs report is an error (exitcode.ErrDaemon): fabric manager running
 // is not enough for Ready. In progress is read again every Poll until it settles, for at most
 // Timeout, after which it is an error too; with Shared it is accepted. Without nvidia-smi, or
-// when it cannot be read queryAttempts times in a row (or until the timeout), the state is
-// unknown and WaitState returns nil: the agent goes on without it.
+// when it cannot be read three times in a row (or at the timeout), the state is unknown and
+// WaitState returns nil: the agent goes on without it.
 func WaitState(ctx context.Context, o StateOptions) error {
 	o = o.withDefaults()
 	if _, err := os.Stat(o.NvidiaSMI); err != nil {
