@@ -67,7 +67,7 @@ func (r *run) installModules(files []modules.File) error {
 	if err != nil {
 		return fmt.Errorf("%w: driver root %s: %w", exitcode.ErrModuleLoad, moddir, err)
 	}
-	if err := r.mkdirUndo(dir); err != nil {
+	if err := r.mkdirUndo(PhaseLoad, dir); err != nil {
 		return fmt.Errorf("%w: driver root: %w", exitcode.ErrModuleLoad, err)
 	}
 	var copied []string

@@ -55,7 +55,7 @@ func (r *run) installFirmware() error {
 	if err := r.recordFirmware(missingDirs(dst), dsts); err != nil {
 		return err
 	}
-	if err := r.mkdirUndo(dst); err != nil {
+	if err := r.mkdirUndo(PhaseLoad, dst); err != nil {
 		return fmt.Errorf("GSP firmware: %w", err)
 	}
 	var copied []string

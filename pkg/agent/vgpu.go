@@ -130,7 +130,7 @@ func (r *run) installFile(src, dst string, perm os.FileMode) error {
 	if err != nil {
 		return err
 	}
-	if err := r.mkdirUndo(filepath.Dir(dst)); err != nil {
+	if err := r.mkdirUndo(PhaseDaemons, filepath.Dir(dst)); err != nil {
 		return err
 	}
 	old, err := os.ReadFile(dst)
@@ -179,26 +179,20 @@ func (r *run) installDir(srcDir, dstDir string, perm os.FileMode) (int, error) {
 	return len(names), nil
 }
 
-// mkdirUndo creates dir and its missing parents and registers their removal (deepest first; a
-// directory something else has put files in stays).
-func (r *run) mkdirUndo(dir string) error {
-	var missing []string
-	for d := dir; ; d = filepath.Dir(d) {
-		if _, err := os.Stat(d); err == nil || d == filepath.Dir(d) {
-			break
-		}
-		missing = append(missing, d)
-	}
+// mkdirUndo creates dir and its missing parents and registers their removal as an undo of phase
+// (deepest first; a directory something else has put files in stays).
+func (r *run) mkdirUndo(phase, dir string) error {
+	missing := missingDirs(dir)
 	if err := r.Host.Files.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
 	if len(missing) == 0 {
 		return nil
 	}
-	r.push(PhaseDaemons, func(context.Context) error {
+	r.push(phase, func(context.Context) error {
 		var errs []error
-		for _, d := range missing {
-			if err := r.Host.Files.Remove(d); err != nil && !errors.Is(err, syscall.ENOTEMPTY) && !errors.Is(err, syscall.EEXIST) {
+		for i := len(missing) - 1; i >= 0; i-- {
+			if err := r.Host.Files.Remove(missing[i]); err != nil && !errors.Is(err, syscall.ENOTEMPTY) && !errors.Is(err, syscall.EEXIST) {
 				errs = append(errs, err)
 			}
 		}
