@@ -3,14 +3,19 @@
 package vm
 
 import (
+	"archive/tar"
 	"context"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/driver-agent/driver-agent/pkg/build"
+	"github.com/driver-agent/driver-agent/pkg/flatcar/flatcartest"
 )
 
 // defaultImageWork is where scripts/image-test.sh (make image-test) leaves the driver image's
@@ -21,10 +26,12 @@ const defaultImageWork = "/var/tmp/driver-agent-image"
 // a package of their own.
 const upgradeVersion = "580.95.06"
 
-// containerGroups are the boots of the container scenarios (guest/container.sh), two so that
-// each stays within its timeout on a loaded machine: "container" has the scenarios without a
-// crash and the SIGKILLs during link and while nvidia is coming; "container-late" the SIGKILLs
-// from there on (loaded before the device nodes, daemons started, the root mounted, Ready).
+// containerGroups are the boots of the container scenarios (guest/container.sh), three so that
+// each stays within its timeout on a loaded machine: "container" has the precompiled and upgrade
+// scenarios and the SIGKILLs during link and while nvidia is coming; "container-late" the SIGKILLs
+// from there on (loaded before the device nodes, daemons started, the root mounted, Ready);
+// "container-compile" the compile path, whose build alone takes minutes under TCG, with the
+// kernel's build tree in the guest's root (see addCompileFiles).
 func containerGroups() []group {
 	early := group{name: "container", packages: true, memMiB: 1536, timeout: 10 * time.Minute,
 		scenarios: []string{"container-precompiled", "container-upgrade"}}
@@ -38,7 +45,9 @@ func containerGroups() []group {
 			g.scenarios = append(g.scenarios, "container-crash-"+point+"-"+who)
 		}
 	}
-	return []group{early, late}
+	compile := group{name: "container-compile", packages: true, memMiB: 1536, timeout: 12 * time.Minute,
+		scenarios: []string{"container-compile"}, extra: addCompileFiles}
+	return []group{early, late, compile}
 }
 
 // containerModules are the kernel's modules the container guest needs besides the agent's
@@ -131,6 +140,9 @@ func (h *harness) containerBoot(t *testing.T, g group, img containerImage) {
 		// the image's (make image-test builds the image from the tree, so make ci needs none).
 		r.bytes("vmtest/container-agent-tree", 0o644, nil)
 	}
+	if g.extra != nil {
+		g.extra(t, h, r)
+	}
 	r.file("usr/bin/crun", 0o755, img.crun)
 	for _, l := range img.crunLibs {
 		r.file(l, 0o755, l)
@@ -141,4 +153,114 @@ func (h *harness) containerBoot(t *testing.T, g group, img containerImage) {
 	}
 	t.Logf("initramfs %s: %.1f MiB in %s; image disk %s", g.name, float64(size)/(1<<20), since(t0), img.disk)
 	h.check(t, g, h.bootInitrd(t, g, initrd, "-drive", "file="+img.disk+",if=virtio,format=raw,readonly=on"))
+}
+
+// addCompileFiles gives the guest what the container-compile scenario needs: the kernel's build
+// tree where the host keeps it (addHostBuildTree), and the stand-ins' sources laid out as NVIDIA's
+// kernel source directory in /vmtest/compile-src, which guest/container.sh puts into the
+// container's layer as /usr/src/nvidia-<version>/kernel and kernel-open, without precompiled
+// packages. From test/vm/standin/source: the Makefile (NVIDIA's command line, `make SYSSRC=...
+// modules`), the Kbuild and each module directory's <module>.Kbuild fragment; from the standard
+// build: the C sources, standin.h, its standin-config.h (the driver version) and the core objects
+// nvidia/nv-kernel.o_binary and nvidia-modeset/nv-modeset-kernel.o_binary, prebuilt as NVIDIA
+// ships them.
+func addCompileFiles(t *testing.T, h *harness, r *rootfs) {
+	t0 := time.Now()
+	files, size, err := h.addHostBuildTree(r, "usr/lib/modules/"+h.tl.abi+"/build")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const dst = "vmtest/compile-src"
+	src := filepath.Join(h.repo, "test/vm/standin/source")
+	err = filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel, err := filepath.Rel(src, p)
+		r.file(dst+"/"+rel, 0o644, p)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	std := h.standins["standard"]
+	for to, from := range map[string]string{
+		"standin.h":                             std.path("standin.h"),
+		"standin-config.h":                      std.path("standin-config.h"),
+		"nvidia/nv-interface.c":                 std.path("nv-interface.c"),
+		"nvidia/" + nvCore:                      std.path(nvCore),
+		"nvidia-uvm/nvidia-uvm.c":               std.path("nvidia-uvm.c"),
+		"nvidia-modeset/nv-modeset-interface.c": std.path("nv-modeset-interface.c"),
+		"nvidia-modeset/" + modesetCore:         std.path(modesetCore),
+	} {
+		r.file(dst+"/"+to, 0o644, from)
+	}
+	t.Logf("container-compile: build tree of %s from %s: %d files, %.1f MiB; stand-in sources in /%s (%s)",
+		h.tl.abi, h.tl.published, files, float64(size)/(1<<20), dst, since(t0))
+}
+
+// addHostBuildTree puts the kernel's build tree, as its distribution ships it (h.tl.published),
+// into the guest's root at dir as one self-contained directory, the way Flatcar ships it in
+// /usr/lib/modules/<release>/build. Debian's is split: linux-headers-<abi>'s one-line Makefile
+// includes linux-headers-<abi>-common's by absolute path, and its scripts and tools are links into
+// linux-kbuild-<version>. Through the host root such a tree names files the container does not
+// have, and the agent passes it over (compile.checkTree). So the common tree goes in first, then
+// the flavour's files over it without the wrapper Makefile, with links that lead outside either
+// replaced by what they point to (flatcartest.DirEntries): what scripts/vm-deps-kernel.sh does
+// for the second suite's tree. Other architectures' arch/ directories are left out. It returns
+// the number of regular files and their size.
+func (h *harness) addHostBuildTree(r *rootfs, dir string) (files int, size int64, err error) {
+	sizes := map[string]int64{}
+	trees := []string{h.tl.published}
+	if b, err := os.ReadFile(filepath.Join(h.tl.published, "Makefile")); err == nil && len(b) < 4096 {
+		if common, ok := build.IncludedMakefileDir(string(b)); ok {
+			trees = []string{common, h.tl.published}
+		}
+	}
+	for i, tree := range trees {
+		entries, err := flatcartest.DirEntries(tree)
+		if err != nil {
+			return 0, 0, fmt.Errorf("the build tree %s: %w", tree, err)
+		}
+		for _, e := range entries {
+			name := strings.TrimSuffix(e.Name, "/")
+			if i > 0 && name == "Makefile" || otherArch(name, e.Type == tar.TypeDir) {
+				continue
+			}
+			p := dir + "/" + name
+			switch e.Type {
+			case tar.TypeDir:
+				r.dir(p)
+			case tar.TypeSymlink:
+				r.symlink(p, e.Linkname)
+			default:
+				st, err := os.Stat(e.Source)
+				if err != nil {
+					return 0, 0, err
+				}
+				sizes[p] = st.Size()
+				r.file(p, uint32(e.Mode), e.Source)
+			}
+		}
+	}
+	for _, f := range []string{"Makefile", ".config", "Module.symvers", "include/generated/utsrelease.h", "scripts/basic/fixdep", "scripts/mod/modpost"} {
+		if !r.has(dir + "/" + f) {
+			return 0, 0, fmt.Errorf("the merged build tree of %s lacks %s", h.tl.published, f)
+		}
+	}
+	for _, n := range sizes {
+		size += n
+	}
+	return len(sizes), size, nil
+}
+
+// otherArch reports whether the build tree's member name is under arch/<arch>/ for an
+// architecture other than x86 (or is that directory).
+func otherArch(name string, dir bool) bool {
+	rest, ok := strings.CutPrefix(name, "arch/")
+	if !ok {
+		return false
+	}
+	a, _, sub := strings.Cut(rest, "/")
+	return a != "x86" && (sub || dir)
 }

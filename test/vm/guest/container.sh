@@ -40,7 +40,8 @@ ctr_boot
 # ctr_layer UPPER VERSION: the container's first writable layer: the harness's stand-ins for
 # what needs a GPU (nvidia-smi, nvidia-persistenced, nv-fabricmanager; busybox scripts, run by a
 # busybox of their own since the image has no usleep) and the precompiled package and core
-# objects of the stand-in driver VERSION under /usr/src/nvidia-VERSION/kernel{,-open}.
+# objects of the stand-in driver VERSION under /usr/src/nvidia-VERSION/kernel{,-open}. Then
+# CTR_LAYER_EXTRA, when set, is called with UPPER and VERSION.
 ctr_layer() {
 	local up=$1 version=$2 f a
 	mkdir -p "$up/vmtest/bin" "$up/usr/bin" "$up/usr/src"
@@ -61,7 +62,7 @@ ctr_layer() {
 	# The operator's KERNEL_MODULE_TYPE=auto picks the open flavour from branch 560 on: the
 	# stand-ins (neither flavour) are there too.
 	cp -a "$up/usr/src/nvidia-$version/kernel" "$up/usr/src/nvidia-$version/kernel-open"
-	[ -z "$CTR_LAYER_EXTRA" ] || "$CTR_LAYER_EXTRA" "$up"
+	[ -z "$CTR_LAYER_EXTRA" ] || "$CTR_LAYER_EXTRA" "$up" "$version"
 }
 
 # ctr_start NAME DIGEST [VERSION]: kubelet and crun: makes the pod directory and the hostPath
@@ -376,4 +377,76 @@ ctr_upgrade() {
 	ctr_check_clean
 	[ -e "$STATE" ] && fail "host: $STATE left"
 	note "checked: c1 ($VMTEST_DRIVER_VERSION) Ready then SIGKILLed, modules left loaded; c2 DRIVER_VERSION=$VMTEST_UPGRADE_VERSION unloaded them and loaded its own (version, load id), adopted c1's journal, digest vmtest-c2, probe rc 0; SIGTERM exit 0, node at its boot state (modules, devices, mounts, firmware path, no PID file, digest or journal)"
+}
+
+# container-compile: the image has no precompiled package for the guest kernel, so the agent takes
+# the compile path inside the container, against the host's kernel build tree
+# (/usr/lib/modules/<release>/build in the guest's root, which the agent reaches as
+# /proc/1/root/...; the harness's merge of Debian's headers for the guest kernel into one tree, as
+# Flatcar ships it). The sources it compiles are the stand-ins laid out as NVIDIA's kernel source
+# directory (/vmtest/compile-src: NVIDIA's Makefile command line, per-module Kbuild fragments,
+# prebuilt core objects), in the container's layer at /usr/src/nvidia-<version>/kernel{,-open}.
+# The agent's own compile code, the image's gcc, make and binutils, kbuild and the tree's helpers
+# run for real; only the driver sources are stand-ins. It must copy the tree (the host's stays as
+# it was), build nvidia, nvidia-uvm and nvidia-modeset, store them in the host cache, load them and
+# reach Ready; the probe, the host's view and the teardown are container-precompiled's.
+CTR_COMPILE_READY_S=480 # under TCG: the copy of the 60 MiB tree, the helpers' checks, kbuild
+
+# ctr_compile_layer UPPER VERSION: the stand-ins' sources instead of the precompiled package.
+ctr_compile_layer() {
+	local f
+	for f in kernel kernel-open; do
+		rm -rf "$1/usr/src/nvidia-$2/$f"
+		cp -a /vmtest/compile-src "$1/usr/src/nvidia-$2/$f"
+	done
+}
+
+# tree_listing DIR: the names, sizes and times of everything under DIR, as one checksum.
+tree_listing() { find "$1" -exec stat -c '%n %s %Y' {} + | sort | md5sum | cut -d' ' -f1; }
+
+scn_container_compile() {
+	ctr_compile
+	ctr_cleanup
+}
+ctr_compile() {
+	local tree=/usr/lib/modules/$VMTEST_KERNEL_RELEASE/build before t0 ready_ms built prep entry work helpers flavor m
+	[ -f "$tree/Makefile" ] || { fail "host: no kernel build tree at $tree"; return; }
+	before=$(tree_listing "$tree")
+	CTR_EXTRA_ENV=DRIVER_AGENT_LOG_LEVEL=debug
+	CTR_LAYER_EXTRA=ctr_compile_layer
+	t0=$(now_ms)
+	ctr_start c1 vmtest-c1 || return
+	if ! ctr_wait_ready "$CTR_COMPILE_READY_S"; then
+		fail "not Ready within $CTR_COMPILE_READY_S s (status '$(readv "$STATUS")'): $(last_error "$CTR_LOG")"
+		return
+	fi
+	ready_ms=$(($(now_ms) - t0))
+	grep -q 'path=compile' "$CTR_LOG" || fail "the log does not say path=compile"
+	grep -q "compile against the build tree at /proc/1/root$tree (host)" "$CTR_LOG" ||
+		fail "the agent did not plan to compile against the host's tree /proc/1/root$tree: $(grep -m1 'install path chosen' "$CTR_LOG" | cut -c1-400)"
+	grep -q "copying the host's kernel build tree.*dir=/proc/1/root$tree" "$CTR_LOG" || fail "the log does not say it copied /proc/1/root$tree"
+	helpers=$(sed -n 's/.*msg="build helpers ready".* \(relocated=[0-9]* runnable=[0-9]* static=[0-9]*\).*/\1/p' "$CTR_LOG" | head -n1)
+	[ -n "$helpers" ] || fail "the log has no 'build helpers ready' record"
+	built=$(sed -n 's/.*msg="kernel modules built".* modules=\([0-9]*\) seconds=\([0-9]*\).*/\1 modules in \2 s/p' "$CTR_LOG" | head -n1)
+	case $built in "3 modules in "*) ;; *) fail "the log does not say the build made 3 modules: '${built:-no record}'" ;; esac
+	for m in nvidia nvidia_uvm nvidia_modeset; do
+		grep -q "msg=\"loading kernel module\".* module=$m path=/tmp/driver-agent-[0-9]*/compile/build/" "$CTR_LOG" ||
+			fail "the log does not say $m was loaded from the build's work dir"
+	done
+	prep=$(sed -n 's/.*msg="phase finished".* phase=prepare result=ok duration=\([^ ]*\).*/\1/p' "$CTR_LOG" | head -n1)
+	flavor=$(sed -n 's/.*msg="install path chosen".* flavor=\([a-z-]*\).*/\1/p' "$CTR_LOG" | head -n1)
+	grep -q 'msg="stored the modules in the host cache"' "$CTR_LOG" || fail "the log does not say the modules were stored in the host cache"
+	entry=$(ls -d "$AGENT_CACHE"/*/ 2>/dev/null | wc -l)
+	[ "$entry" -ge 1 ] || fail "host: no entry in the module cache $AGENT_CACHE"
+	ctr_probe
+	check_eq "startup probe (crun exec $POD_STARTUP_PROBE) exit status" "$CTR_PROBE_RC" 0
+	check_eq "host: /run/nvidia/validations/.driver-ctr-ready" "$(readv /run/nvidia/validations/.driver-ctr-ready)" "GDRCOPY_ENABLED: false GDS_ENABLED: false GPU_DIRECT_RDMA_ENABLED: false"
+	ctr_check_ready vmtest-c1
+	ctr_stop
+	check_eq "exit status after preStop + SIGTERM (grace ${POD_GRACE_SECONDS} s)" "$CTR_RC" 0
+	work=$(ls -d "$CTR_RUN"/c1/upper/tmp/driver-agent-* 2>/dev/null | wc -l)
+	check_eq "work dirs left in the container's layer" "$work" 0
+	check_eq "host: the build tree $tree after the run (names, sizes, times)" "$(tree_listing "$tree")" "$before"
+	ctr_check_clean
+	note "checked: compile path in the container (flavour ${flavor:-?}) against the host's build tree /proc/1/root$tree (the harness's merge of Debian's $VMTEST_KERNEL_RELEASE headers, as Flatcar ships it; real kbuild, helpers $helpers, the image's gcc), stand-in driver sources in NVIDIA's layout (not NVIDIA's code): $built, loaded from the work dir, prepare phase (tree copy, helper checks, build) ${prep:-?}; Ready after ${ready_ms}ms; cached ($entry entry); startup probe rc 0; host view as container-precompiled; host tree unchanged; preStop + SIGTERM: exit $CTR_RC in ${CTR_STOP_MS}ms, no work dir, node clean"
 }
