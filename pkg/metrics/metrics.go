@@ -237,13 +237,27 @@ func Start(addr string, src Source, log *slog.Logger) (*Server, error) {
 // Addr is the address the server listens on.
 func (s *Server) Addr() string { return s.ln.Addr().String() }
 
-// Shutdown stops the server, waiting for in-flight requests until ctx ends. Later calls return
+// shutdownGrace is how long Shutdown lets scrapes in flight finish when its context has already
+// ended: the teardown may have spent its whole deadline on the driver.
+const shutdownGrace = time.Second
+
+// Shutdown stops the server: it stops listening, lets the scrapes in flight finish until ctx ends
+// (or for shutdownGrace when it has ended already), and then closes what is left. A scrape cut
+// short is not a failure of the teardown; the error is only the server's own. Later calls return
 // the first call's result.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.once.Do(func() {
-		s.stopErr = s.srv.Shutdown(ctx)
+		if ctx.Err() != nil {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), shutdownGrace)
+			defer cancel()
+		}
+		if err := s.srv.Shutdown(ctx); err != nil {
+			s.log.Debug("closing the metrics connections still open", "error", err)
+			s.srv.Close()
+		}
 		if serr := <-s.err; serr != nil && !errors.Is(serr, http.ErrServerClosed) {
-			s.stopErr = errors.Join(s.stopErr, serr)
+			s.stopErr = serr
 		}
 	})
 	return s.stopErr

@@ -151,6 +151,52 @@ func TestEndpoints(t *testing.T) {
 	}
 }
 
+// stuck is a Source whose Snapshot blocks until released: a scrape in flight.
+type stuck struct {
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (s *stuck) Snapshot() Snapshot {
+	s.entered <- struct{}{}
+	<-s.release
+	return fixture()
+}
+
+// TestShutdownAfterTheDeadline: the teardown may spend its whole deadline on the driver before
+// the metrics server's turn; Shutdown with that ended context still stops the server (in about
+// the grace, cutting the scrape in flight) and reports no error, since a cut scrape is not a
+// failed teardown.
+func TestShutdownAfterTheDeadline(t *testing.T) {
+	src := &stuck{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	defer close(src.release)
+	srv, err := Start("127.0.0.1:0", src, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	scraped := make(chan error, 1)
+	go func() {
+		resp, err := http.Get("http://" + srv.Addr() + "/metrics")
+		if err == nil {
+			_, err = io.ReadAll(resp.Body)
+			resp.Body.Close()
+		}
+		scraped <- err
+	}()
+	<-src.entered
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		t.Errorf("Shutdown after the deadline = %v, want nil", err)
+	}
+	if err := <-scraped; err == nil {
+		t.Error("the scrape in flight completed; want it cut when the server closed")
+	}
+	if _, err := http.Get("http://" + srv.Addr() + "/readyz"); err == nil {
+		t.Error("the server still answers after Shutdown")
+	}
+}
+
 // promtool runs Prometheus's own checker (Debian's prometheus package; make deps installs it).
 func promtool(t *testing.T, args []string, stdin string) {
 	t.Helper()
