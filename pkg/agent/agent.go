@@ -64,9 +64,6 @@ type Agent struct {
 	// LoadOnly is the load command (NVIDIA's script's load-only run): never compile; exit 11 when
 	// no precompiled package or cached build matches.
 	LoadOnly bool
-	// Reaper starts and waits for every child process (daemons, the linker); required unless
-	// DryRun.
-	Reaper *daemon.Reaper
 	// ChildProc is the procfs in which the agent's own child processes are visible, for verifying
 	// a daemon's PID file; "" means Host.Proc. Tests that fake Host.Proc set it to "/proc".
 	ChildProc string

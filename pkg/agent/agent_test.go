@@ -197,8 +197,8 @@ func (w *world) agent(t *testing.T, extraArgs ...string) *Agent {
 	if err := cfg.ValidateInit(); err != nil {
 		t.Fatal(err)
 	}
-	h := host.Host{Roots: r, Kernel: w.kernel, Mounter: w.mounter, Mknoder: hosttest.FakeMknoder{}, Files: host.OSFiles{}, Exec: w.reaper}
-	return &Agent{Config: cfg, Host: h, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Source: fakeSource{dir: t.TempDir()}, Out: io.Discard, Reaper: w.reaper, ChildProc: "/proc",
+	h := host.Host{Roots: r, Kernel: w.kernel, Mounter: w.mounter, Mknoder: hosttest.FakeMknoder{}, Files: host.OSFiles{}, Procs: w.reaper}
+	return &Agent{Config: cfg, Host: h, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Source: fakeSource{dir: t.TempDir()}, Out: io.Discard, ChildProc: "/proc",
 		DaemonPolicy: daemon.Policy{InitialBackoff: 10 * time.Millisecond, MaxBackoff: 20 * time.Millisecond, MaxRestarts: 2}}
 }
 

@@ -10,11 +10,11 @@ import (
 func (r *run) nvidiaSMI() string { return r.Host.InRoot("usr/bin/nvidia-smi") }
 
 // checkFabric reads the GPUs' fabric state once fabric manager is up (fabric.WaitState, with the
-// agent's reaper, clock, log and supervisor), and reports it in the log, status.json and the
+// agent's Host.Procs, clock, log and supervisor), and reports it in the log, status.json and the
 // metrics.
 func (r *run) checkFabric(ctx context.Context, plan fabric.Plan) error {
 	o := fabric.StateOptions{
-		NvidiaSMI: r.nvidiaSMI(), Runner: r.Reaper, Clock: r.clock, Log: r.Log,
+		NvidiaSMI: r.nvidiaSMI(), Procs: r.Host.Procs, Clock: r.clock, Log: r.Log,
 		Poll: r.FabricPoll, Timeout: r.FabricTimeout, Shared: plan.ResetGPUs,
 		Report: func(state fabric.State, detail string) { r.setFabric(string(state), detail) },
 	}

@@ -134,10 +134,7 @@ func (r *run) source() Source {
 	}
 	r.src = r.Source
 	if r.src == nil {
-		src := &imageSource{cfg: r.Config, roots: r.Host.Roots, files: r.Host.Files, log: r.Log, terminal: r.Terminal}
-		if r.Reaper != nil {
-			src.runner, src.buildRunner = r.Reaper, r.Reaper
-		}
+		src := &imageSource{cfg: r.Config, roots: r.Host.Roots, files: r.Host.Files, procs: r.Host.Procs, log: r.Log, terminal: r.Terminal}
 		r.src = src
 	}
 	return r.src
@@ -589,7 +586,7 @@ func (r *run) daemonsPhase(ctx context.Context) error {
 			if _, err := os.Stat(s.Cmd.Path); err != nil {
 				r.notes = append(r.notes, fmt.Sprintf("daemons: %s is not in this container root; in the driver image it is", s.Cmd.Path))
 			}
-			p, _ := r.Host.Exec.Start(ctx, s.Cmd) // the recorder: the plan shows the command line
+			p, _ := r.Host.Procs.Start(ctx, s.Cmd, host.StartOptions{}) // the recorder: the plan shows the command line
 			r.push(PhaseDaemons, func(context.Context) error { return p.Signal(syscall.SIGTERM) })
 		}
 		if len(plan.Daemons) > 0 {
@@ -605,7 +602,7 @@ func (r *run) daemonsPhase(ctx context.Context) error {
 	if childProc == "" {
 		childProc = r.Host.Proc
 	}
-	sup := daemon.NewSupervisor(daemon.Options{Reaper: r.Reaper, Log: r.Log, Proc: childProc, Clock: r.clock, OnChange: func(daemon.Status) {
+	sup := daemon.NewSupervisor(daemon.Options{Procs: r.Host.Procs, Log: r.Log, Proc: childProc, Clock: r.clock, OnChange: func(daemon.Status) {
 		// status.json follows every daemon change (a crash, a restart), not only the phases.
 		r.mu.Lock()
 		r.status.Daemons = daemonStatuses(r.sup)
@@ -642,7 +639,7 @@ func (r *run) daemonsPhase(ctx context.Context) error {
 	}
 	if plan.ResetGPUs {
 		r.Log.Info("Resetting the GPUs to clear stale fabric partitions (NVFM_CONFIG_FABRIC_MODE=1)")
-		if _, err := r.Reaper.Output(ctx, host.Cmd{Path: r.nvidiaSMI(), Args: []string{"-r"}}); err != nil {
+		if _, err := r.Host.Procs.Output(ctx, host.Cmd{Path: r.nvidiaSMI(), Args: []string{"-r"}}); err != nil {
 			r.Log.Warn("nvidia-smi -r failed", "error", err)
 		}
 	}

@@ -72,26 +72,23 @@ type Source interface {
 type imageSource struct {
 	// cfg is the run's configuration: the driver version, the cache, --require-signed, the
 	// compile path's settings; with DryRun, Find must not write (the cache is only read).
-	cfg     *config.Config
-	roots   host.Roots
-	files   host.Files // the build log's copy and removal, a damaged cache entry's removal
-	release string
-	banner  string
-	log     *slog.Logger
-	runner  interface {
-		Output(ctx context.Context, c host.Cmd) ([]byte, error)
-	}
-	buildRunner host.Runner          // runs the compile path's children; nil means os/exec
-	terminal    io.Writer            // progress bars, when stderr is a terminal
-	entry       *cache.Entry         // the entry Find checked, whose modules Prepare verifies
-	damaged     error                // why Prepare removed that entry
-	pkg         *precompiled.Package // the package Find chose (read and checked once), linked by Prepare
-	pkgPath     string               // its file
-	compile     compile.Options
-	compileErr  error         // why the compile path cannot work, found by Find
-	storing     chan struct{} // closed when the background cache store has ended
-	stored      bool          // the store succeeded; read after storing is closed
-	found       bool          // Find ran
+	cfg        *config.Config
+	roots      host.Roots
+	files      host.Files // the build log's copy and removal, a damaged cache entry's removal
+	release    string
+	banner     string
+	log        *slog.Logger
+	procs      host.Procs           // runs the linker and the compile path's children
+	terminal   io.Writer            // progress bars, when stderr is a terminal
+	entry      *cache.Entry         // the entry Find checked, whose modules Prepare verifies
+	damaged    error                // why Prepare removed that entry
+	pkg        *precompiled.Package // the package Find chose (read and checked once), linked by Prepare
+	pkgPath    string               // its file
+	compile    compile.Options
+	compileErr error         // why the compile path cannot work, found by Find
+	storing    chan struct{} // closed when the background cache store has ended
+	stored     bool          // the store succeeded; read after storing is closed
+	found      bool          // Find ran
 
 	mu    sync.Mutex
 	stats SourceStats
@@ -217,7 +214,7 @@ func (s *imageSource) Find(_ context.Context, f detect.Facts, flavor string) (De
 func (s *imageSource) compileOptions(f detect.Facts, flavor string) (compile.Options, error) {
 	o := compile.Options{
 		Roots: s.roots, KernelRelease: f.KernelRelease, Banner: f.Banner, DriverVersion: s.version(),
-		Flatcar: f.Flatcar, SourceDir: s.srcDir(flavor), Runner: s.buildRunner, Log: s.log,
+		Flatcar: f.Flatcar, SourceDir: s.srcDir(flavor), Procs: s.procs, Log: s.log,
 		Terminal: s.terminal, KernelBuildTree: s.cfg.KernelBuildTree, Jobs: s.cfg.MaxThreads, CC: s.cfg.CC,
 		Fetch: flatcar.Options{URLs: s.cfg.FlatcarReleaseURLs, InsecureSkipVerify: s.cfg.InsecureSkipVerify},
 	}
@@ -383,7 +380,7 @@ func (s *imageSource) Prepare(ctx context.Context, d Decision, workDir string) (
 		}
 		s.log.Info("Relinking NVIDIA driver kernel modules...", "package", d.Package)
 		mods, err := link.Link(ctx, p, filepath.Join(workDir, "link"), link.Options{
-			CoreObjectDir: s.srcDir(d.Flavor), KernelRelease: s.release, RequireSigned: s.cfg.RequireSigned, Log: s.log, Runner: s.runner,
+			CoreObjectDir: s.srcDir(d.Flavor), KernelRelease: s.release, RequireSigned: s.cfg.RequireSigned, Log: s.log, Procs: s.procs,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("%w: link %s: %w", exitcode.ErrModuleLoad, filepath.Base(d.Package), err)

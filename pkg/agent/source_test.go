@@ -26,7 +26,7 @@ func TestPrepareLinksThePackageFindChose(t *testing.T) {
 	roots := hosttest.Roots(t, dir)
 	banner := "Linux version 6.6.95-flatcar (build@pony) #1 SMP"
 	path := writePackage(t, roots, "nvidia-modules-6.6.95", banner)
-	s := &imageSource{cfg: &config.Config{DriverVersion: testVersion}, roots: roots, files: host.OSFiles{}, log: slog.New(slog.DiscardHandler)}
+	s := &imageSource{cfg: &config.Config{DriverVersion: testVersion}, roots: roots, files: host.OSFiles{}, procs: host.OSExec{}, log: slog.New(slog.DiscardHandler)}
 	d, err := s.Find(context.Background(), detect.Facts{KernelRelease: "6.6.95-flatcar", Banner: banner}, "kernel")
 	if err != nil || d.Path != PathPrecompiled || d.Package != path {
 		t.Fatalf("Find = %+v, %v; want the package %s", d, err, path)
@@ -67,7 +67,7 @@ func TestCachedModulesLoadFromTheVerifiedFile(t *testing.T) {
 		}
 		mods = append(mods, link.Module{Name: name, Path: path})
 	}
-	s := &imageSource{cfg: &config.Config{DriverVersion: testVersion, CacheDir: cacheDir, CacheMaxEntries: 3}, roots: roots, files: host.OSFiles{}, banner: banner, log: slog.New(slog.DiscardHandler)}
+	s := &imageSource{cfg: &config.Config{DriverVersion: testVersion, CacheDir: cacheDir, CacheMaxEntries: 3}, roots: roots, files: host.OSFiles{}, procs: host.OSExec{}, banner: banner, log: slog.New(slog.DiscardHandler)}
 	entry, err := cache.Store(cacheDir, s.key("kernel"), mods)
 	if err != nil {
 		t.Fatal(err)

@@ -10,7 +10,7 @@
 // with IGNORE_CC_MISMATCH=1 in the environment, as NVIDIA's driver
 // container scripts export it; the compiler is compared with the kernel's
 // here instead (see Options.Banner). make runs in a process group of its own
-// through a host.Runner; when the context ends the whole group is killed and
+// through host.Procs; when the context ends the whole group is killed and
 // the work directory removed. Its output goes to a log file, and progress
 // ("Building kernel modules:" and a bar of '#') is logged at a steady
 // interval and drawn on a terminal when one is given. The result is checked:
@@ -161,9 +161,9 @@ type Options struct {
 	// Targets are the make targets of Modules; nil means "modules".
 	// Interfaces chooses its own.
 	Targets []string
-	// Runner runs make, the compiler check and the linker; nil means
-	// host.OSExec. The agent passes its reaper.
-	Runner host.Runner
+	// Procs runs make, the compiler check and the linker. Required: the
+	// agent passes Host.Procs, the build-time subcommands host.OSExec.
+	Procs host.Procs
 	// Log receives progress and warnings; nil discards them.
 	Log *slog.Logger
 	// Terminal, when set, gets a progress bar redrawn in place ("\r").
@@ -317,7 +317,7 @@ func Interfaces(ctx context.Context, o Options) ([]Member, error) {
 type builder struct {
 	o        Options
 	log      *slog.Logger
-	runner   host.Runner
+	runner   host.Procs
 	make     string // path
 	cc       string // as given or defaulted
 	ccPath   string
@@ -330,12 +330,12 @@ type builder struct {
 }
 
 func newBuilder(o Options) (*builder, error) {
-	b := &builder{o: o, log: o.Log, runner: o.Runner, interval: o.ProgressInterval}
+	b := &builder{o: o, log: o.Log, runner: o.Procs, interval: o.ProgressInterval}
 	if b.log == nil {
 		b.log = slog.New(slog.DiscardHandler)
 	}
 	if b.runner == nil {
-		b.runner = host.OSExec{}
+		return nil, errors.New("build: no Procs to run make with")
 	}
 	if b.interval <= 0 {
 		b.interval = DefaultProgressInterval

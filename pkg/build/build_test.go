@@ -63,6 +63,7 @@ var compiledObjects = []string{"nvidia/nv.o", "nvidia/nv-procfs.o", "nvidia-mode
 
 // fakeRunner plays the compiler (--version), make and ld.
 type fakeRunner struct {
+	hosttest.FakeProcs // Start and Output, which the build does not use
 	ccVersion string // --version output
 	ccFail    bool
 	vermagic  string // of the modules make writes; default release
@@ -183,7 +184,7 @@ func newFixture(t *testing.T) *fixture {
 	f.opts = build.Options{
 		SourceDir: f.src, BuildTree: f.tree, KernelRelease: release, Banner: banner, Jobs: 3,
 		Env:     []string{"PATH=" + bin, "MAKEFLAGS=-j9 --jobserver-auth=3,4", "HOME=/root", "IGNORE_CC_MISMATCH=0"},
-		WorkDir: f.work, Runner: f.runner, Terminal: f.term,
+		WorkDir: f.work, Procs: f.runner, Terminal: f.term,
 		Log: slog.New(slog.NewTextHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}
 	return f
@@ -554,21 +555,25 @@ func TestBadOptions(t *testing.T) {
 func TestNoSpaceFromRunner(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	f.opts.Runner = runnerFunc(func(ctx context.Context, c host.Cmd, out *os.File) error {
+	f.opts.Procs = runnerFunc{f.runner, func(ctx context.Context, c host.Cmd, out *os.File) error {
 		if filepath.Base(c.Path) == "make" {
 			return fmt.Errorf("write: %w", syscall.ENOSPC)
 		}
 		return f.runner.Run(ctx, c, out)
-	})
+	}}
 	_, err := build.Modules(context.Background(), f.opts)
 	if !errors.Is(err, build.ErrNoSpace) || !strings.Contains(err.Error(), "free space") {
 		t.Fatalf("Modules = %v, want ErrNoSpace", err)
 	}
 }
 
-type runnerFunc func(ctx context.Context, c host.Cmd, out *os.File) error
+// runnerFunc is a host.Procs whose Run is run.
+type runnerFunc struct {
+	host.Procs
+	run func(ctx context.Context, c host.Cmd, out *os.File) error
+}
 
-func (r runnerFunc) Run(ctx context.Context, c host.Cmd, out *os.File) error { return r(ctx, c, out) }
+func (r runnerFunc) Run(ctx context.Context, c host.Cmd, out *os.File) error { return r.run(ctx, c, out) }
 
 // On kernels 6.12 and newer kbuild also compiles .module-common.o: one object more to count.
 func TestProgressCountsModuleCommon(t *testing.T) {

@@ -18,6 +18,7 @@ import (
 	"github.com/driver-agent/driver-agent/pkg/build"
 	"github.com/driver-agent/driver-agent/pkg/build/buildtest"
 	"github.com/driver-agent/driver-agent/pkg/daemon"
+	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
 	"github.com/driver-agent/driver-agent/pkg/modfile"
 )
@@ -68,7 +69,7 @@ func TestRealModules(t *testing.T) {
 	work := filepath.Join(t.TempDir(), "build")
 	mods, err := build.Modules(context.Background(), build.Options{
 		SourceDir: source, BuildTree: tree, KernelRelease: release, Banner: banner, Jobs: 2,
-		WorkDir: work, Terminal: &term, Log: slog.New(slog.NewTextHandler(&logs, nil)),
+		WorkDir: work, Terminal: &term, Log: slog.New(slog.NewTextHandler(&logs, nil)), Procs: host.OSExec{},
 	})
 	if err != nil {
 		t.Fatalf("%v\nlog:\n%s", err, logs.String())
@@ -142,7 +143,7 @@ func TestRealCancel(t *testing.T) {
 	go func() {
 		_, err := build.Modules(ctx, build.Options{
 			SourceDir: source, BuildTree: tree, KernelRelease: release, Banner: banner, Jobs: 2, CC: cc,
-			Env: append(os.Environ(), marker), WorkDir: work, Runner: reaper,
+			Env: append(os.Environ(), marker), WorkDir: work, Procs: reaper,
 		})
 		res <- err
 	}()
@@ -197,7 +198,7 @@ func TestRealBuildError(t *testing.T) {
 	}
 	work := filepath.Join(t.TempDir(), "build")
 	_, err = build.Modules(context.Background(), build.Options{
-		SourceDir: broken, BuildTree: tree, KernelRelease: release, Banner: banner, Jobs: 2, WorkDir: work,
+		SourceDir: broken, BuildTree: tree, KernelRelease: release, Banner: banner, Jobs: 2, WorkDir: work, Procs: host.OSExec{},
 	})
 	var be *build.Error
 	if !errors.As(err, &be) || !errors.Is(err, build.ErrBuild) {

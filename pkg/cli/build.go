@@ -178,7 +178,7 @@ func runBuild(ctx context.Context, prog string, args, environ []string, stdout, 
 	opts := build.Options{
 		SourceDir: source, BuildTree: a.tree, KernelRelease: parsed.Release, Banner: banner,
 		Jobs: a.jobs, CC: a.cc, WorkDir: filepath.Join(tmp, "build"), LogFile: filepath.Join(tmp, "build.log"),
-		Log: log, Terminal: terminal(stderr),
+		Log: log, Terminal: terminal(stderr), Procs: host.OSExec{}, // a build machine: no reaper
 	}
 	members, err := build.Interfaces(ctx, opts)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/driver-agent/driver-agent/pkg/build/buildtest"
 	"github.com/driver-agent/driver-agent/pkg/cli"
+	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/link"
 	"github.com/driver-agent/driver-agent/pkg/modfile"
 	"github.com/driver-agent/driver-agent/pkg/precompiled"
@@ -101,7 +102,7 @@ func TestBuildCommand(t *testing.T) {
 	}
 
 	// Linked with the source's core objects, the interfaces give modules for this kernel.
-	mods, err := link.Link(context.Background(), p, filepath.Join(dir, "link"), link.Options{CoreObjectDir: source, KernelRelease: release})
+	mods, err := link.Link(context.Background(), p, filepath.Join(dir, "link"), link.Options{CoreObjectDir: source, KernelRelease: release, Procs: host.OSExec{}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -209,9 +209,7 @@ func runInit(ctx context.Context, prog, cmd string, args, environ []string, stdo
 			return 1
 		}
 		defer reaper.Close()
-		a.Reaper = reaper
-		a.Host = host.Real(cfg.Roots)
-		a.Host.Exec = reaper
+		a.Host = host.Real(cfg.Roots, reaper)
 	}
 	err := a.Run(ctx)
 	if !cfg.DryRun {
@@ -262,7 +260,7 @@ func runUnload(ctx context.Context, prog string, args, environ []string, stderr 
 	defer l.Release()
 	ctx, cancel := context.WithTimeout(ctx, cfg.ShutdownTimeout)
 	defer cancel()
-	h := host.Real(cfg.Roots)
+	h := host.Real(cfg.Roots, host.OSExec{}) // it runs no process
 	log.Info("Unloading NVIDIA driver kernel modules...")
 	u := modules.Unloader{Host: h, Log: log, UnloadForeign: cfg.UnloadForeignHolders}
 	if err := u.Unload(ctx, agent.NVIDIAModules()); err != nil {

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/driver-agent/driver-agent/pkg/flatcar"
+	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/relocate"
 	"github.com/driver-agent/driver-agent/pkg/vmlinuz"
 )
@@ -148,7 +149,7 @@ func fetchBuildTree(ctx context.Context, f *flatcar.Fetcher, rel flatcar.Release
 	if err != nil {
 		return "", err
 	}
-	r, err := relocate.Tree(ctx, tree.BuildDir, relocate.Options{Sysroot: tree.Root, Log: log})
+	r, err := relocate.Tree(ctx, tree.BuildDir, relocate.Options{Sysroot: tree.Root, Log: log, Procs: host.OSExec{}})
 	if err != nil {
 		return "", err
 	}

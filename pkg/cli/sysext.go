@@ -14,6 +14,7 @@ import (
 
 	"github.com/driver-agent/driver-agent/pkg/build"
 	"github.com/driver-agent/driver-agent/pkg/flatcar"
+	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/sysext"
 )
 
@@ -173,6 +174,7 @@ func runSysext(ctx context.Context, prog string, args, environ []string, stdout,
 	mods, err := build.Modules(ctx, build.Options{
 		SourceDir: *source, BuildTree: *tree, KernelRelease: kver, Banner: banner, Jobs: n, CC: *cc,
 		WorkDir: filepath.Join(tmp, "build"), LogFile: filepath.Join(tmp, "build.log"), Log: log, Terminal: terminal(stderr),
+		Procs: host.OSExec{}, // a build machine: no reaper
 	})
 	if err != nil {
 		var be *build.Error
@@ -191,7 +193,8 @@ func runSysext(ctx context.Context, prog string, args, environ []string, stdout,
 		return fail(1, "-o: %v", err)
 	}
 	o := sysext.Options{DriverVersion: *driverVersion, FlatcarVersion: rel.Version, Architecture: arch, KernelRelease: kver,
-		ContainerRoot: *root, OutDir: *out, Generator: "driver-agent " + version + " sysext", Log: log}
+		ContainerRoot: *root, OutDir: *out, Generator: "driver-agent " + version + " sysext", Log: log,
+		Procs: host.OSExec{}}
 	for _, m := range mods {
 		o.Modules = append(o.Modules, sysext.Module{Path: m.Path})
 	}

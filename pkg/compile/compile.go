@@ -48,8 +48,8 @@ type Options struct {
 	// Jobs and CC are passed to the build (see build.Options).
 	Jobs int
 	CC   string
-	// Runner runs every child process (patchelf, the helpers' checks, make, the compiler).
-	Runner host.Runner
+	// Procs runs every child process (patchelf, the helpers' checks, make, the compiler).
+	Procs host.Procs
 	// Log receives progress; nil discards it.
 	Log *slog.Logger
 	// Terminal, when set, gets progress bars.
@@ -166,7 +166,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	}
 	res.Tree = t
 	if t.Sysroot != "" {
-		r, err := relocate.Tree(ctx, t.Dir, relocate.Options{Sysroot: t.Sysroot, Runner: o.Runner, Log: log})
+		r, err := relocate.Tree(ctx, t.Dir, relocate.Options{Sysroot: t.Sysroot, Procs: o.Procs, Log: log})
 		if err != nil {
 			return res, fmt.Errorf("make the build helpers of %s runnable: %w", t.Dir, err)
 		}
@@ -177,7 +177,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	res.Modules, err = build.Modules(ctx, build.Options{
 		SourceDir: o.SourceDir, BuildTree: t.Dir, KernelRelease: o.KernelRelease, Banner: o.Banner,
 		Jobs: o.Jobs, Roots: o.Roots, CC: o.CC, WorkDir: filepath.Join(o.WorkDir, "build"), LogFile: res.LogFile,
-		Runner: o.Runner, Log: log, Terminal: o.Terminal,
+		Procs: o.Procs, Log: log, Terminal: o.Terminal,
 	})
 	res.BuildTime = time.Since(start)
 	if err != nil {

@@ -57,7 +57,7 @@ func options(t *testing.T, srv *flatcartest.Server, release string) Options {
 	return Options{
 		Roots: host.Roots{HostRoot: t.TempDir()}, KernelRelease: release, DriverVersion: "535.261.03", Flatcar: testRelease,
 		Fetch:   flatcar.Options{URLs: []string{srv.URLTemplate()}, Keyring: srv.Key.ArmoredPublicKey(), RetryBase: time.Millisecond, RetryMax: time.Millisecond},
-		WorkDir: filepath.Join(t.TempDir(), "work"), Jobs: 2,
+		WorkDir: filepath.Join(t.TempDir(), "work"), Jobs: 2, Procs: host.OSExec{},
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
 }
@@ -146,7 +146,7 @@ func TestRunNotFoundNamesTheImage(t *testing.T) {
 
 // TestRunWithoutAnyTree: not Flatcar, no host tree, no --kernel-build-tree.
 func TestRunWithoutAnyTree(t *testing.T) {
-	o := Options{Roots: host.Roots{HostRoot: t.TempDir()}, KernelRelease: "6.8.0-1-generic", WorkDir: filepath.Join(t.TempDir(), "w")}
+	o := Options{Roots: host.Roots{HostRoot: t.TempDir()}, KernelRelease: "6.8.0-1-generic", WorkDir: filepath.Join(t.TempDir(), "w"), Procs: host.OSExec{}}
 	for name, f := range map[string]func() error{
 		"Plan": func() error { _, err := Plan(o); return err },
 		"Run":  func() error { _, err := Run(context.Background(), o); return err },
@@ -186,7 +186,7 @@ func TestRunHostTreeIsCopied(t *testing.T) {
 	if _, err := extract.Tar(context.Background(), zr, hostTree, extract.Options{}); err != nil {
 		t.Fatal(err)
 	}
-	o := Options{Roots: host.Roots{HostRoot: hostRoot}, KernelRelease: release, WorkDir: filepath.Join(t.TempDir(), "w"), Jobs: 2,
+	o := Options{Roots: host.Roots{HostRoot: hostRoot}, KernelRelease: release, WorkDir: filepath.Join(t.TempDir(), "w"), Jobs: 2, Procs: host.OSExec{},
 		SourceDir: filepath.Join(t.TempDir(), "kernel")}
 	if err := buildtest.WriteSource(context.Background(), o.SourceDir, tree); err != nil {
 		t.Fatal(err)

@@ -188,11 +188,11 @@ func ownReapers() error {
 	if err != nil {
 		return err
 	}
-	ca, err := a.Spawn(cmd("exit"), daemon.SpawnOptions{})
+	ca, err := a.Start(context.Background(), cmd("exit"), host.StartOptions{})
 	if err != nil {
 		return err
 	}
-	cb, err := b.Spawn(cmd("up"), daemon.SpawnOptions{})
+	cb, err := b.Start(context.Background(), cmd("up"), host.StartOptions{})
 	if err != nil {
 		return err
 	}
@@ -210,8 +210,8 @@ func ownReapers() error {
 	if err := cb.Wait(); err == nil || err.Error() != "killed by signal SIGKILL" {
 		return fmt.Errorf("reaper b: after Close, Wait() = %v, want killed by SIGKILL", err)
 	}
-	if _, err := b.Spawn(cmd("exit"), daemon.SpawnOptions{}); !errors.Is(err, daemon.ErrReaperClosed) {
-		return fmt.Errorf("Spawn after Close = %v, want ErrReaperClosed", err)
+	if _, err := b.Start(context.Background(), cmd("exit"), host.StartOptions{}); !errors.Is(err, daemon.ErrReaperClosed) {
+		return fmt.Errorf("Start after Close = %v, want ErrReaperClosed", err)
 	}
 	return nil
 }

@@ -13,6 +13,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/driver-agent/driver-agent/pkg/host"
 )
 
 // commLen is the longest comm the kernel keeps (TASK_COMM_LEN less the NUL).
@@ -175,7 +177,7 @@ func (d *tracked) signal(sig syscall.Signal) error {
 
 // describeExit says how the process ended when the agent is its parent (it was adopted as an
 // orphan): from the zombie, or from the reaper when it was reaped already; "exited" otherwise.
-func (d *tracked) describeExit(r *Reaper) string {
+func (d *tracked) describeExit(procs host.Procs) string {
 	if d.err != nil {
 		return d.err.Error()
 	}
@@ -190,10 +192,19 @@ func (d *tracked) describeExit(r *Reaper) string {
 	if desc != "" {
 		return desc
 	}
-	if ws, ok := r.orphanExit(d.pid); ok {
-		return describeStatus(ws)
+	if r, ok := procs.(*Reaper); ok {
+		if ws, ok := r.orphanExit(d.pid); ok {
+			return describeStatus(ws)
+		}
 	}
 	return "exited"
+}
+
+// sweep reaps, when procs is a Reaper, a daemon that exited after it was adopted as an orphan.
+func sweep(procs host.Procs) {
+	if r, ok := procs.(*Reaper); ok {
+		r.sweep()
+	}
 }
 
 func (d *tracked) close() {
@@ -214,7 +225,7 @@ func (r *Runner) runForking(ctx context.Context) (crash, stopErr error) {
 	if err != nil {
 		return fmt.Errorf("start: %w", err), nil
 	}
-	launcher, err := r.opts.Reaper.Spawn(r.spec.Cmd, SpawnOptions{Stdout: out.stdout, Stderr: out.stderr})
+	launcher, err := r.opts.Procs.Start(context.Background(), r.spec.Cmd, host.StartOptions{Stdout: out.stdout, Stderr: out.stderr})
 	out.closeWriters()
 	if err != nil {
 		out.finish(0)
@@ -250,13 +261,13 @@ func (r *Runner) runForking(ctx context.Context) (crash, stopErr error) {
 	r.log.Info("daemon is up", "pid", d.pid)
 	select {
 	case <-d.exited:
-		crash = fmt.Errorf("pid %d %s", d.pid, d.describeExit(r.opts.Reaper))
-		r.opts.Reaper.sweep() // reap it now when it was adopted as an orphan
+		crash = fmt.Errorf("pid %d %s", d.pid, d.describeExit(r.opts.Procs))
+		sweep(r.opts.Procs) // reap it now when it was adopted as an orphan
 		return crash, nil
 	case <-ctx.Done():
 		r.setState(StateStopping, d.pid)
 		err := r.terminate(d.pid, d.signal, d.exited)
-		r.opts.Reaper.sweep()
+		sweep(r.opts.Procs)
 		return nil, err
 	}
 }
@@ -372,7 +383,7 @@ func (r *Runner) clearPIDFile() error {
 		r.log.Warn("stopping the daemon an earlier run left", "pid", pid, "pid_file", path)
 		terr := r.terminate(pid, d.signal, d.exited)
 		d.close()
-		r.opts.Reaper.sweep()
+		sweep(r.opts.Procs)
 		if terr != nil {
 			return fmt.Errorf("stop the %s an earlier run left: %w", r.spec.Program, terr)
 		}
@@ -399,7 +410,7 @@ func (r *Runner) stopFromPIDFile() error {
 	defer d.close()
 	r.setState(StateStopping, pid)
 	err = r.terminate(pid, d.signal, d.exited)
-	r.opts.Reaper.sweep()
+	sweep(r.opts.Procs)
 	return err
 }
 

@@ -1,6 +1,7 @@
 package daemon_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -140,7 +141,7 @@ func TestPIDFileStaleUnrelatedProcess(t *testing.T) {
 	if err != nil {
 		t.Skip("no sleep binary")
 	}
-	sl, err := testReaper.Spawn(host.Cmd{Path: sleepPath, Args: []string{"1000"}}, daemon.SpawnOptions{})
+	sl, err := testReaper.Start(context.Background(), host.Cmd{Path: sleepPath, Args: []string{"1000"}}, host.StartOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +180,7 @@ func TestPIDFileStaleSameProgram(t *testing.T) {
 	spec, pidFile := persistencedSpec(t, "fork1")
 	oldCmd := spec.Cmd
 	oldCmd.Env = helperEnviron("persist", pidFileEnv+"="+pidFile)
-	old, err := testReaper.Spawn(oldCmd, daemon.SpawnOptions{})
+	old, err := testReaper.Start(context.Background(), oldCmd, host.StartOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +211,7 @@ func TestPIDFileStaleSameProgram(t *testing.T) {
 // A PID file naming a process that is gone is removed.
 func TestPIDFileStaleDeadPID(t *testing.T) {
 	t.Parallel()
-	gone, err := testReaper.Spawn(fakeCmd(t, "exit"), daemon.SpawnOptions{})
+	gone, err := testReaper.Start(context.Background(), fakeCmd(t, "exit"), host.StartOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

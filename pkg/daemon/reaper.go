@@ -21,7 +21,7 @@ import (
 	"github.com/driver-agent/driver-agent/pkg/host"
 )
 
-// ErrReaperClosed is returned by Spawn after Close.
+// ErrReaperClosed is returned by Start after Close.
 var ErrReaperClosed = errors.New("reaper closed")
 
 // reaperCloseWait bounds how long Close waits for the children it killed.
@@ -35,8 +35,8 @@ const outputLimit = 1 << 20
 
 // ReaperOptions configure a Reaper.
 type ReaperOptions struct {
-	// Log receives debug records about reaped orphans and the output of commands run through
-	// Start; nil discards them.
+	// Log receives debug records about reaped orphans and the stderr of commands run through
+	// Output; nil discards them.
 	Log *slog.Logger
 	// All makes the reaper wait for every child of the process (waitid(P_ALL)), orphans it adopted
 	// included. This is the agent's mode: as PID 1 or a child subreaper it must reap every orphan.
@@ -121,19 +121,17 @@ func NewReaper(o ReaperOptions) (*Reaper, error) {
 	return r, nil
 }
 
-// SpawnOptions say where a child's output goes and what happens to its process group.
-type SpawnOptions struct {
-	// Stdout and Stderr receive the child's output; nil means /dev/null.
-	Stdout, Stderr *os.File
-	// KillGroup makes the reaper SIGKILL what is left of the child's process group when the child
-	// exits, before reaping it (so the group ID cannot have been reused), so that nothing the child
-	// started outlives it. Leave it off for a launcher that forks a daemon into its own group.
-	KillGroup bool
+// Start implements host.Procs: it starts c in a new process group with a parent-death signal of
+// SIGKILL; Wait on the returned *Child waits through the reaper. c.Path is also argv[0].
+func (r *Reaper) Start(_ context.Context, c host.Cmd, o host.StartOptions) (host.Process, error) {
+	ch, err := r.spawn(c, o)
+	if err != nil {
+		return nil, err
+	}
+	return ch, nil
 }
 
-// Spawn starts c in a new process group. c.Path is executed as given (no PATH search) and is also
-// argv[0]; a nil c.Env inherits the agent's environment. Stdin is /dev/null.
-func (r *Reaper) Spawn(c host.Cmd, o SpawnOptions) (*Child, error) {
+func (r *Reaper) spawn(c host.Cmd, o host.StartOptions) (*Child, error) {
 	if c.Path == "" {
 		return nil, errors.New("spawn: empty path")
 	}
@@ -176,29 +174,8 @@ func (r *Reaper) Spawn(c host.Cmd, o SpawnOptions) (*Child, error) {
 	return ch, nil
 }
 
-// Start implements host.Execer: the process runs in its own process group, its output is logged
-// line by line with cmd=<base name>, and Wait on the returned process waits through the reaper.
-// The process is not tied to ctx.
-func (r *Reaper) Start(_ context.Context, c host.Cmd) (host.Process, error) {
-	out, err := newCapture(r.log.With("cmd", filepath.Base(c.Path)), nil)
-	if err != nil {
-		return nil, fmt.Errorf("start %s: %w", c.Path, err)
-	}
-	ch, err := r.Spawn(c, SpawnOptions{Stdout: out.stdout, Stderr: out.stderr, KillGroup: true})
-	out.closeWriters()
-	if err != nil {
-		out.finish(0)
-		return nil, err
-	}
-	go func() {
-		<-ch.done
-		out.finish(drainTimeout)
-	}()
-	return ch, nil
-}
-
-// Output runs c to completion and returns its stdout (at most 1 MiB). Its stderr is logged with
-// cmd=<base name> and its last lines are part of the error when it fails. When ctx ends first the
+// Output implements host.Procs: it runs c to completion and returns its stdout (at most 1 MiB).
+// Its stderr is logged with cmd=<base name> and its last lines are part of the error when it fails. When ctx ends first the
 // process group is killed and ctx's error returned.
 func (r *Reaper) Output(ctx context.Context, c host.Cmd) ([]byte, error) {
 	name := filepath.Base(c.Path)
@@ -217,7 +194,7 @@ func (r *Reaper) Output(ctx context.Context, c host.Cmd) ([]byte, error) {
 	var buf bytes.Buffer
 	stdout := readAll(outR, &buf, outputLimit)
 	stderr := readLines(errR, func(line string) { t.add(line); log.Info(line, "stream", "stderr") })
-	ch, err := r.Spawn(c, SpawnOptions{Stdout: outW, Stderr: errW, KillGroup: true})
+	ch, err := r.spawn(c, host.StartOptions{Stdout: outW, Stderr: errW, KillGroup: true})
 	outW.Close()
 	errW.Close()
 	if err != nil {
@@ -242,7 +219,7 @@ func (r *Reaper) Output(ctx context.Context, c host.Cmd) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// Run implements host.Runner: it runs c to completion in its own process group with stdout and
+// Run implements host.Procs: it runs c to completion in its own process group with stdout and
 // stderr going to out, and kills what is left of the group when c exits. When ctx ends first the
 // whole group is killed with SIGKILL and ctx's error is returned. A non-zero exit gives an
 // *ExitError (wrapped).
@@ -250,7 +227,7 @@ func (r *Reaper) Run(ctx context.Context, c host.Cmd, out *os.File) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("run %s: %w", c.Path, err)
 	}
-	ch, err := r.Spawn(c, SpawnOptions{Stdout: out, Stderr: out, KillGroup: true})
+	ch, err := r.spawn(c, host.StartOptions{Stdout: out, Stderr: out, KillGroup: true})
 	if err != nil {
 		return err
 	}
@@ -268,7 +245,7 @@ func (r *Reaper) Run(ctx context.Context, c host.Cmd, out *os.File) error {
 }
 
 // Close kills the children still running (their process groups, with SIGKILL), waits a bounded
-// time for them to be reaped, and stops the loop. Later Spawns fail with ErrReaperClosed.
+// time for them to be reaped, and stops the loop. Later starts fail with ErrReaperClosed.
 func (r *Reaper) Close() error {
 	r.closeOnce.Do(func() {
 		r.mu.Lock()

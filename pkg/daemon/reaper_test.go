@@ -16,11 +16,11 @@ import (
 )
 
 // The reaper implements the host seam, so the agent can start every process through it.
-var _ host.Execer = (*daemon.Reaper)(nil)
+var _ host.Procs = (*daemon.Reaper)(nil)
 
 func TestReaperExitStatus(t *testing.T) {
 	t.Parallel()
-	c, err := testReaper.Spawn(fakeCmd(t, "exit"), daemon.SpawnOptions{})
+	c, err := testReaper.Start(context.Background(), fakeCmd(t, "exit"), host.StartOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +39,7 @@ func TestReaperExitStatus(t *testing.T) {
 
 func TestReaperSignalledStatus(t *testing.T) {
 	t.Parallel()
-	c, err := testReaper.Spawn(fakeCmd(t, "ignore-term"), daemon.SpawnOptions{})
+	c, err := testReaper.Start(context.Background(), fakeCmd(t, "ignore-term"), host.StartOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +58,7 @@ func TestReaperOwnProcessGroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	c, err := testReaper.Spawn(fakeCmd(t, "up"), daemon.SpawnOptions{Stdout: w})
+	c, err := testReaper.Start(context.Background(), fakeCmd(t, "up"), host.StartOptions{Stdout: w})
 	w.Close()
 	if err != nil {
 		t.Fatal(err)
@@ -90,7 +90,7 @@ func TestReaperKillGroup(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c, err := testReaper.Spawn(fakeCmd(t, "group"), daemon.SpawnOptions{Stdout: w, KillGroup: kill})
+		c, err := testReaper.Start(context.Background(), fakeCmd(t, "group"), host.StartOptions{Stdout: w, KillGroup: kill})
 		w.Close()
 		if err != nil {
 			t.Fatal(err)
@@ -145,7 +145,7 @@ func TestReaperReapsOrphans(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	c, err := testReaper.Spawn(fakeCmd(t, "orphan"), daemon.SpawnOptions{Stdout: w})
+	c, err := testReaper.Start(context.Background(), fakeCmd(t, "orphan"), host.StartOptions{Stdout: w})
 	w.Close()
 	if err != nil {
 		t.Fatal(err)
@@ -172,14 +172,11 @@ func pidsIn(s, prefix string) []int {
 	return pidsInLog(b, prefix)
 }
 
-func TestReaperStartLogsOutput(t *testing.T) {
+func TestReaperOutputLogsStderr(t *testing.T) {
 	t.Parallel()
-	p, err := testReaper.Start(context.Background(), fakeCmd(t, "exit"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Wait(); err == nil || err.Error() != "exit status 3" {
-		t.Fatalf("Wait() = %v", err)
+	_, err := testReaper.Output(context.Background(), fakeCmd(t, "exit"))
+	if err == nil || !strings.Contains(err.Error(), "exit status 3") || !strings.Contains(err.Error(), "fatal: cannot open /dev/nvidiactl") {
+		t.Fatalf("Output() = %v, want exit status 3 with the last stderr line", err)
 	}
 	waitLog(t, testReaperLog, "fatal: cannot open /dev/nvidiactl")
 }
@@ -216,9 +213,9 @@ func TestReaperOutput(t *testing.T) {
 
 func TestReaperMissingProgram(t *testing.T) {
 	t.Parallel()
-	_, err := testReaper.Spawn(host.Cmd{Path: "/nonexistent/nvidia-persistenced"}, daemon.SpawnOptions{})
+	_, err := testReaper.Start(context.Background(), host.Cmd{Path: "/nonexistent/nvidia-persistenced"}, host.StartOptions{})
 	if !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("Spawn = %v, want ErrNotExist", err)
+		t.Fatalf("Start = %v, want ErrNotExist", err)
 	}
 }
 
@@ -230,7 +227,7 @@ func TestSubreaperNeedsAll(t *testing.T) {
 }
 
 // The reaper implements the build runner seam too.
-var _ host.Runner = (*daemon.Reaper)(nil)
+var _ host.Procs = (*daemon.Reaper)(nil)
 
 func TestReaperRunStatusAndOutput(t *testing.T) {
 	t.Parallel()

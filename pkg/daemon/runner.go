@@ -159,8 +159,10 @@ type Status struct {
 
 // Options are what runners and supervisors work with.
 type Options struct {
-	// Reaper starts the processes and reports their exits. Required.
-	Reaper *Reaper
+	// Procs starts the processes and reports their exits: the agent's Reaper (Host.Procs), or a
+	// fake in tests. Required. With a Reaper, a daemon that forks into the background and is
+	// adopted as an orphan is reaped at once when it exits, and its exit status is reported.
+	Procs host.Procs
 	// Log receives the supervisor's records and every line the daemons print; records are tagged
 	// daemon=<name>. Nil discards them.
 	Log *slog.Logger
@@ -209,8 +211,8 @@ func NewRunner(spec Spec, o Options) (*Runner, error) {
 	if spec.Cmd.Path == "" {
 		return nil, fmt.Errorf("daemon %s: no command", spec.Name)
 	}
-	if o.Reaper == nil {
-		return nil, fmt.Errorf("daemon %s: no reaper", spec.Name)
+	if o.Procs == nil {
+		return nil, fmt.Errorf("daemon %s: no way to start processes", spec.Name)
 	}
 	spec = spec.withDefaults()
 	o = o.withDefaults()
@@ -359,7 +361,7 @@ func (r *Runner) runForeground(ctx context.Context) (crash, stopErr error) {
 	if err != nil {
 		return fmt.Errorf("start: %w", err), nil
 	}
-	child, err := r.opts.Reaper.Spawn(r.spec.Cmd, SpawnOptions{Stdout: out.stdout, Stderr: out.stderr, KillGroup: true})
+	child, err := r.opts.Procs.Start(context.Background(), r.spec.Cmd, host.StartOptions{Stdout: out.stdout, Stderr: out.stderr, KillGroup: true})
 	out.closeWriters()
 	if err != nil {
 		out.finish(0)
@@ -446,7 +448,7 @@ func (r *Runner) prepare() error {
 	return nil
 }
 
-func (r *Runner) stopChild(c *Child) error {
+func (r *Runner) stopChild(c host.Process) error {
 	r.setState(StateStopping, c.Pid())
 	return r.terminate(c.Pid(), c.Signal, c.Done())
 }
@@ -484,7 +486,7 @@ func (r *Runner) terminate(pid int, signal func(syscall.Signal) error, done <-ch
 
 // killLeft makes sure a child is not left running whatever path a run took. It does not wait: a
 // child that survives SIGKILL cannot be helped, and the reaper collects it when it goes.
-func killLeft(c *Child) {
+func killLeft(c host.Process) {
 	select {
 	case <-c.Done():
 	default:

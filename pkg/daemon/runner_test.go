@@ -32,7 +32,7 @@ func newRunner(t *testing.T, spec daemon.Spec, fake bool) fixture {
 	t.Helper()
 	log, buf := hosttest.NewLog()
 	f := fixture{log: buf, rec: &recorder{}}
-	o := daemon.Options{Reaper: testReaper, Log: log, OnChange: f.rec.onChange}
+	o := daemon.Options{Procs: testReaper, Log: log, OnChange: f.rec.onChange}
 	if fake {
 		f.clock = daemontest.NewClock(epoch)
 		o.Clock = f.clock
@@ -389,8 +389,8 @@ func TestRunnerSpecChecks(t *testing.T) {
 		spec daemon.Spec
 		o    daemon.Options
 	}{
-		{"no name", daemon.Spec{Cmd: host.Cmd{Path: "/bin/true"}}, daemon.Options{Reaper: testReaper}},
-		{"no command", daemon.Spec{Name: "x"}, daemon.Options{Reaper: testReaper}},
+		{"no name", daemon.Spec{Cmd: host.Cmd{Path: "/bin/true"}}, daemon.Options{Procs: testReaper}},
+		{"no command", daemon.Spec{Name: "x"}, daemon.Options{Procs: testReaper}},
 		{"no reaper", daemon.Spec{Name: "x", Cmd: host.Cmd{Path: "/bin/true"}}, daemon.Options{}},
 	} {
 		if _, err := daemon.NewRunner(tc.spec, tc.o); err == nil {

@@ -18,7 +18,7 @@ func newSupervisor(t *testing.T) (*daemon.Supervisor, *hosttest.LogBuffer, *reco
 	t.Helper()
 	log, buf := hosttest.NewLog()
 	rec := &recorder{}
-	s := daemon.NewSupervisor(daemon.Options{Reaper: testReaper, Log: log, OnChange: rec.onChange})
+	s := daemon.NewSupervisor(daemon.Options{Procs: testReaper, Log: log, OnChange: rec.onChange})
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()

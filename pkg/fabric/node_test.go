@@ -351,7 +351,7 @@ func TestPlanSpecsAreValid(t *testing.T) {
 	}
 	defer reaper.Close()
 	for _, s := range p.Daemons {
-		if _, err := daemon.NewRunner(s, daemon.Options{Reaper: reaper}); err != nil {
+		if _, err := daemon.NewRunner(s, daemon.Options{Procs: reaper}); err != nil {
 			t.Errorf("%s: %v", s.Name, err)
 		}
 	}

@@ -33,10 +33,8 @@ const (
 type StateOptions struct {
 	// NvidiaSMI is the image's nvidia-smi, as the agent sees it.
 	NvidiaSMI string
-	// Runner runs nvidia-smi to completion and returns its stdout (the agent's reaper).
-	Runner interface {
-		Output(ctx context.Context, c host.Cmd) ([]byte, error)
-	}
+	// Procs runs nvidia-smi to completion (Host.Procs: the agent's reaper).
+	Procs host.Procs
 	// Clock times the polls and the timeout. Nil means the wall clock.
 	Clock daemon.Clock
 	// Log receives the states read. Nil discards it.
@@ -167,7 +165,7 @@ func WaitState(ctx context.Context, o StateOptions) error {
 func query(ctx context.Context, o StateOptions) (Summary, error) {
 	qctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	out, err := o.Runner.Output(qctx, host.Cmd{Path: o.NvidiaSMI, Args: []string{"-q"}})
+	out, err := o.Procs.Output(qctx, host.Cmd{Path: o.NvidiaSMI, Args: []string{"-q"}})
 	if err != nil {
 		return Summary{}, fmt.Errorf("nvidia-smi -q: %w", err)
 	}

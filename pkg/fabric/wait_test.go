@@ -21,11 +21,12 @@ import (
 // smiRunner answers each `nvidia-smi -q` with the next of its replies, the last one again once
 // they are used up: a file under testdata/nvidia-smi, or "error" for a failing nvidia-smi.
 type smiRunner struct {
-	t       *testing.T
-	smi     string
-	replies []string
-	mu      sync.Mutex
-	calls   int
+	host.Procs // Start and Run, which WaitState does not use
+	t          *testing.T
+	smi        string
+	replies    []string
+	mu         sync.Mutex
+	calls      int
 }
 
 func (r *smiRunner) Output(ctx context.Context, c host.Cmd) ([]byte, error) {
@@ -65,7 +66,7 @@ func stateOptions(t *testing.T, replies ...string) (fabric.StateOptions, *smiRun
 	r := &smiRunner{t: t, smi: smi, replies: replies}
 	var reports []report
 	o := fabric.StateOptions{
-		NvidiaSMI: smi, Runner: r, Poll: 5 * time.Second, Timeout: time.Minute,
+		NvidiaSMI: smi, Procs: r, Poll: 5 * time.Second, Timeout: time.Minute,
 		Report: func(s fabric.State, d string) { reports = append(reports, report{s, d}) },
 	}
 	return o, r, &reports

@@ -1,7 +1,9 @@
 // Package host is the agent's only door to the machine: the filesystem roots every path is resolved
 // under, and the small interfaces through which every side effect (module load and unload, mounts,
 // device nodes, processes, file writes) passes. Each interface has a real Linux implementation, a
-// recording one for --dry-run, and stateful fakes in package hosttest.
+// recording one for --dry-run, and stateful fakes in package hosttest. Processes are the one seam
+// whose real implementation lives elsewhere: the agent's reaper (pkg/daemon), plugged into Host by
+// pkg/cli, since it must be the only code in the process that waits for children.
 //
 // Three kinds of writes stay outside, each for a reason: a package that owns one crash-safe store
 // writes it itself (pkg/cache's module cache: temporary directory, fsync, rename; pkg/lock's flock
@@ -119,26 +121,45 @@ type Cmd struct {
 
 // Process is a started child process.
 type Process interface {
+	// Pid is its process ID, which is also its process group ID.
 	Pid() int
+	// Signal signals its process group; after it has been reaped it returns os.ErrProcessDone.
 	Signal(sig syscall.Signal) error
-	// Wait waits for the process to exit and returns its exit error (nil for status 0).
+	// Done is closed once it has exited and been reaped.
+	Done() <-chan struct{}
+	// Wait waits for it to exit and returns its exit error (nil for status 0).
 	Wait() error
 }
 
-// Execer starts processes in their own process group.
-type Execer interface {
-	Start(ctx context.Context, c Cmd) (Process, error)
+// StartOptions say where a started child's output goes and what happens to its process group.
+type StartOptions struct {
+	// Stdout and Stderr receive the child's output; nil means /dev/null.
+	Stdout, Stderr *os.File
+	// KillGroup kills what is left of the child's process group when the child exits, so that
+	// nothing it started outlives it. Leave it off for a launcher that forks a daemon into the
+	// background.
+	KillGroup bool
 }
 
-// Runner runs a command to completion, as a build step does: c.Path is executed as given (no PATH
-// search), stdout and stderr both go to out, stdin is /dev/null, and the command runs in a process
-// group of its own. When ctx ends first, the whole group is killed with SIGKILL and ctx's error is
-// returned (wrapped). A command that exits non-zero gives an error that says how it ended; one
-// that cannot be started gives the start error (ENOENT, ENOEXEC, EACCES, wrapped).
+// Procs is the one way the agent runs processes. c.Path is executed as given (no PATH search),
+// stdin is /dev/null, a nil c.Env inherits the agent's environment, and every child runs in a
+// process group of its own.
 //
-// OSExec implements it with os/exec; the agent passes its reaper (daemon.Reaper), since os/exec
-// would race the reaper for exit statuses.
-type Runner interface {
+// The real one is pkg/daemon's Reaper, the one place where the agent waits for children (os/exec
+// would race it for exit statuses), plugged in by pkg/cli; OSExec is for the build-time
+// subcommands, which run no reaper; the Recorder records the command lines of a dry run; package
+// hosttest has a fake that answers from a script.
+type Procs interface {
+	// Start starts c and returns at once: the daemon runner supervises what it starts. The
+	// process is not tied to ctx: stopping it is the caller's decision.
+	Start(ctx context.Context, c Cmd, o StartOptions) (Process, error)
+	// Output runs c to completion and returns its stdout; its stderr is logged and its last
+	// lines are part of the error when it fails.
+	Output(ctx context.Context, c Cmd) ([]byte, error)
+	// Run runs c to completion, as a build step does, with stdout and stderr both going to out.
+	// When ctx ends first, the whole group is killed with SIGKILL and ctx's error is returned
+	// (wrapped). A command that exits non-zero gives an error that says how it ended; one that
+	// cannot be started gives the start error (ENOENT, ENOEXEC, EACCES, wrapped).
 	Run(ctx context.Context, c Cmd, out *os.File) error
 }
 
@@ -149,5 +170,5 @@ type Host struct {
 	Mounter Mounter
 	Mknoder Mknoder
 	Files   Files
-	Exec    Execer
+	Procs   Procs
 }

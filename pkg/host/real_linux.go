@@ -1,20 +1,25 @@
 package host
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"runtime"
+	"strings"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 )
 
-// Real returns the Host that acts on the running machine.
-func Real(r Roots) Host {
-	return Host{Roots: r, Kernel: LinuxKernel{}, Mounter: LinuxMounter{}, Mknoder: LinuxMknoder{}, Files: OSFiles{}, Exec: OSExec{}}
+// Real returns the Host that acts on the running machine and runs processes through procs: the
+// agent's reaper, or OSExec where no reaper runs.
+func Real(r Roots, procs Procs) Host {
+	return Host{Roots: r, Kernel: LinuxKernel{}, Mounter: LinuxMounter{}, Mknoder: LinuxMknoder{}, Files: OSFiles{}, Procs: procs}
 }
 
 // LinuxKernel loads modules with finit_module/init_module and removes them with delete_module.
@@ -67,73 +72,141 @@ func (LinuxMknoder) Mknod(path string, perm os.FileMode, major, minor uint32) er
 	return os.Chmod(path, perm.Perm())
 }
 
-// OSExec starts real processes, each in its own process group so a whole tree can be signalled.
+// OSExec implements Procs with os/exec, for the build-time subcommands, which run no reaper. The
+// agent itself must not use it: its reaper waits for every child, and os/exec would race it.
 type OSExec struct{}
 
-// Start implements Execer. The process is not tied to ctx: stopping it is the caller's decision.
-func (OSExec) Start(_ context.Context, c Cmd) (Process, error) {
+// Start implements Procs.
+func (OSExec) Start(_ context.Context, c Cmd, o StartOptions) (Process, error) {
 	cmd := exec.Command(c.Path, c.Args...)
 	cmd.Env, cmd.Dir = c.Env, c.Dir
+	if o.Stdout != nil {
+		cmd.Stdout = o.Stdout
+	}
+	if o.Stderr != nil {
+		cmd.Stderr = o.Stderr
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", c.Path, err)
 	}
-	return osProcess{cmd}, nil
+	p := &osProcess{cmd: cmd, done: make(chan struct{})}
+	go func() {
+		// Wait for the leader to exit without reaping it: while it is a zombie its group ID
+		// cannot be reused, so what is left of the group can be killed safely before Wait reaps it.
+		var info unix.Siginfo
+		for {
+			if err := unix.Waitid(unix.P_PID, cmd.Process.Pid, &info, unix.WEXITED|unix.WNOWAIT, nil); !errors.Is(err, unix.EINTR) {
+				break
+			}
+		}
+		if o.KillGroup {
+			_ = unix.Kill(-cmd.Process.Pid, unix.SIGKILL)
+		}
+		p.mu.Lock()
+		p.err = cmd.Wait()
+		p.exited = true
+		p.mu.Unlock()
+		close(p.done)
+	}()
+	return p, nil
 }
 
-type osProcess struct{ cmd *exec.Cmd }
+type osProcess struct {
+	cmd    *exec.Cmd
+	done   chan struct{}
+	mu     sync.Mutex // held while reaping and signalling, so the PID is never reused under Signal
+	exited bool
+	err    error
+}
 
-func (p osProcess) Pid() int { return p.cmd.Process.Pid }
+func (p *osProcess) Pid() int { return p.cmd.Process.Pid }
 
 // Signal signals the whole process group.
-func (p osProcess) Signal(sig syscall.Signal) error { return unix.Kill(-p.cmd.Process.Pid, sig) }
+func (p *osProcess) Signal(sig syscall.Signal) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.exited {
+		return os.ErrProcessDone
+	}
+	return unix.Kill(-p.cmd.Process.Pid, sig)
+}
 
-func (p osProcess) Wait() error { return p.cmd.Wait() }
+func (p *osProcess) Done() <-chan struct{} { return p.done }
 
-// Run implements Runner with os/exec. After the command exits, what is left of its process group
-// is killed too, so nothing it started outlives it.
-func (OSExec) Run(ctx context.Context, c Cmd, out *os.File) error {
+func (p *osProcess) Wait() error { <-p.done; return p.err }
+
+// Run implements Procs. After the command exits, what is left of its process group is killed
+// too, so nothing it started outlives it.
+func (e OSExec) Run(ctx context.Context, c Cmd, out *os.File) error {
+	return e.run(ctx, c, out, out)
+}
+
+func (e OSExec) run(ctx context.Context, c Cmd, stdout, stderr *os.File) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("run %s: %w", c.Path, err)
 	}
-	cmd := exec.Command(c.Path, c.Args...)
-	cmd.Env, cmd.Dir = c.Env, c.Dir
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start %s: %w", c.Path, err)
+	p, err := e.Start(ctx, c, StartOptions{Stdout: stdout, Stderr: stderr, KillGroup: true})
+	if err != nil {
+		return err
 	}
-	pgid := cmd.Process.Pid
-	exited := make(chan struct{})
-	watcher := make(chan bool, 1) // whether the watcher killed the group for ctx
-	go func() {
-		select {
-		case <-ctx.Done():
-			_ = unix.Kill(-pgid, unix.SIGKILL)
-			watcher <- true
-		case <-exited:
-			watcher <- false
-		}
-	}()
-	// Wait for the leader to exit without reaping it: while it is a zombie its group ID cannot be
-	// reused, so what is left of the group can be killed safely before cmd.Wait reaps it.
-	var info unix.Siginfo
-	for {
-		if err := unix.Waitid(unix.P_PID, pgid, &info, unix.WEXITED|unix.WNOWAIT, nil); !errors.Is(err, unix.EINTR) {
-			break
-		}
-	}
-	_ = unix.Kill(-pgid, unix.SIGKILL)
-	err := cmd.Wait()
-	close(exited)
-	killed := <-watcher
-	if killed {
+	select {
+	case <-p.Done():
+	case <-ctx.Done():
+		_ = p.Signal(unix.SIGKILL)
+		<-p.Done()
 		return fmt.Errorf("run %s: %w", c.Path, ctx.Err())
 	}
-	if err != nil {
+	if err := p.Wait(); err != nil {
 		return fmt.Errorf("%s: %w", c.Path, err)
 	}
 	return nil
+}
+
+// Output implements Procs; stderr is not logged but its last KiB is part of the error.
+func (e OSExec) Output(ctx context.Context, c Cmd) ([]byte, error) {
+	var stdout, stderr bytes.Buffer
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("run %s: %w", c.Path, err)
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		outR.Close()
+		outW.Close()
+		return nil, fmt.Errorf("run %s: %w", c.Path, err)
+	}
+	var wg sync.WaitGroup
+	for _, rd := range []struct {
+		r *os.File
+		b *bytes.Buffer
+	}{{outR, &stdout}, {errR, &stderr}} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer rd.r.Close()
+			_, _ = io.Copy(rd.b, io.LimitReader(rd.r, 1<<20))
+			_, _ = io.Copy(io.Discard, rd.r)
+		}()
+	}
+	runErr := e.run(ctx, c, outW, errW)
+	outW.Close()
+	errW.Close()
+	wg.Wait()
+	if runErr != nil {
+		if tail := strings.TrimSpace(lastBytes(stderr.Bytes(), 1024)); tail != "" {
+			runErr = fmt.Errorf("%w (stderr: %q)", runErr, tail)
+		}
+		return stdout.Bytes(), runErr
+	}
+	return stdout.Bytes(), nil
+}
+
+func lastBytes(b []byte, n int) string {
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
 }
 
 // LowerThreadPriority locks the calling goroutine to its OS thread for the rest of the

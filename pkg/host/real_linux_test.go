@@ -19,8 +19,12 @@ import (
 	"github.com/driver-agent/driver-agent/pkg/host"
 )
 
-// The os/exec runner and the agent's reaper (package daemon) both implement Runner.
-var _ host.Runner = host.OSExec{}
+// The os/exec one implements Procs, as the agent's reaper (package daemon), the recorder and
+// hosttest's fake do.
+var (
+	_ host.Procs = host.OSExec{}
+	_ host.Procs = (*host.Recorder)(nil)
+)
 
 func shell(t *testing.T, script string) host.Cmd {
 	t.Helper()
@@ -55,6 +59,39 @@ func TestOSExecRunOutputAndStatus(t *testing.T) {
 	}
 	if err := (host.OSExec{}).Run(context.Background(), shell(t, "true"), out); err != nil {
 		t.Errorf("Run(true) = %v", err)
+	}
+}
+
+func TestOSExecOutput(t *testing.T) {
+	t.Parallel()
+	out, err := host.OSExec{}.Output(context.Background(), shell(t, "echo to-stdout; echo to-stderr >&2"))
+	if err != nil || string(out) != "to-stdout\n" {
+		t.Fatalf("Output = %q, %v; want only stdout", out, err)
+	}
+	_, err = host.OSExec{}.Output(context.Background(), shell(t, "echo undefined reference >&2; exit 1"))
+	if err == nil || !strings.Contains(err.Error(), "exit status 1") || !strings.Contains(err.Error(), "undefined reference") {
+		t.Fatalf("Output = %v, want exit status 1 with stderr", err)
+	}
+}
+
+func TestOSExecStartSignal(t *testing.T) {
+	t.Parallel()
+	p, err := host.OSExec{}.Start(context.Background(), shell(t, "exec sleep 300"), host.StartOptions{KillGroup: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pgid, err := syscall.Getpgid(p.Pid()); err != nil || pgid != p.Pid() {
+		t.Errorf("pgid %d (%v), pid %d: want a group of its own", pgid, err, p.Pid())
+	}
+	if err := p.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	<-p.Done()
+	if err := p.Wait(); err == nil || !strings.Contains(err.Error(), "terminated") {
+		t.Errorf("Wait = %v, want killed by SIGTERM", err)
+	}
+	if err := p.Signal(syscall.SIGTERM); !errors.Is(err, os.ErrProcessDone) {
+		t.Errorf("Signal after exit = %v, want os.ErrProcessDone", err)
 	}
 }
 

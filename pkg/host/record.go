@@ -32,7 +32,7 @@ type Recorder struct {
 
 // DryRun returns a Host whose seams only record into rec.
 func DryRun(r Roots, rec *Recorder) Host {
-	return Host{Roots: r, Kernel: rec, Mounter: rec, Mknoder: rec, Files: rec, Exec: rec}
+	return Host{Roots: r, Kernel: rec, Mounter: rec, Mknoder: rec, Files: rec, Procs: rec}
 }
 
 func (r *Recorder) add(kind, target, detail string) {
@@ -113,10 +113,22 @@ func (r *Recorder) CopyFile(src, dst string, perm os.FileMode) error {
 // Link implements Files.
 func (r *Recorder) Link(src, dst string) error { r.add("link", dst, "to "+src); return nil }
 
-// Start implements Execer; the recorded process runs until it is signalled.
-func (r *Recorder) Start(_ context.Context, c Cmd) (Process, error) {
+// Start implements Procs; the recorded process runs until it is signalled.
+func (r *Recorder) Start(_ context.Context, c Cmd, _ StartOptions) (Process, error) {
 	r.add("exec", c.Path, strings.Join(c.Args, " "))
 	return &recordedProcess{r: r, path: c.Path, done: make(chan struct{})}, nil
+}
+
+// Output implements Procs: it records the command line and returns no output.
+func (r *Recorder) Output(_ context.Context, c Cmd) ([]byte, error) {
+	r.add("exec", c.Path, strings.Join(c.Args, " "))
+	return nil, nil
+}
+
+// Run implements Procs: it records the command line.
+func (r *Recorder) Run(_ context.Context, c Cmd, _ *os.File) error {
+	r.add("exec", c.Path, strings.Join(c.Args, " "))
+	return nil
 }
 
 type recordedProcess struct {
@@ -133,6 +145,8 @@ func (p *recordedProcess) Signal(sig syscall.Signal) error {
 	p.once.Do(func() { close(p.done) })
 	return nil
 }
+
+func (p *recordedProcess) Done() <-chan struct{} { return p.done }
 
 func (p *recordedProcess) Wait() error { <-p.done; return nil }
 

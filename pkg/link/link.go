@@ -66,11 +66,9 @@ type Options struct {
 	RequireSigned bool
 	// Log receives progress and warnings; nil discards them.
 	Log *slog.Logger
-	// Runner, when set, runs the linker; it must be set when the process waits for its children
-	// in one place (the agent's reaper), since os/exec would race it for the exit status.
-	Runner interface {
-		Output(ctx context.Context, c host.Cmd) ([]byte, error)
-	}
+	// Procs runs the linker (Host.Procs: the agent's reaper, which must be the only code in the
+	// process that waits for children). Required.
+	Procs host.Procs
 }
 
 // Module is a kernel module ready to load.
@@ -139,6 +137,9 @@ func Link(ctx context.Context, p *precompiled.Package, workDir string, opts Opti
 	common, err := moduleCommon(p, paths, opts.CoreObjectDir, release, log)
 	if err != nil {
 		return nil, err
+	}
+	if opts.Procs == nil {
+		return nil, errors.New("link: no Procs to run the linker with")
 	}
 	ld := opts.LD
 	if ld == "" {
@@ -360,21 +361,12 @@ func linkInterface(ctx context.Context, f *precompiled.File, iface, out, ld, com
 	}
 	log.Info("linking kernel module", "module", f.LinkedModuleName, "interface", f.Name, "core_object", core,
 		"module_common", common)
-	run := runLD
-	if opts.Runner != nil {
-		run = func(ctx context.Context, ld string, args []string) error {
-			path, err := exec.LookPath(ld) // the runner executes a path, not a name to search for
-			if err != nil {
-				return fmt.Errorf("%w: %w", ErrLink, err)
-			}
-			if _, err := opts.Runner.Output(ctx, host.Cmd{Path: path, Args: args}); err != nil {
-				return fmt.Errorf("%w: %s %s: %w", ErrLink, ld, strings.Join(args, " "), err)
-			}
-			return nil
-		}
+	path, err := exec.LookPath(ld) // Procs executes a path, not a name to search for
+	if err != nil {
+		return Module{}, fmt.Errorf("link %s: %w: %w", f.LinkedModuleName, ErrLink, err)
 	}
-	if err := run(ctx, ld, args); err != nil {
-		return Module{}, fmt.Errorf("link %s: %w", f.LinkedModuleName, err)
+	if _, err := opts.Procs.Output(ctx, host.Cmd{Path: path, Args: args}); err != nil {
+		return Module{}, fmt.Errorf("link %s: %w: %s %s: %w", f.LinkedModuleName, ErrLink, ld, strings.Join(args, " "), err)
 	}
 	linked, err := os.ReadFile(out)
 	if err != nil {

@@ -180,7 +180,7 @@ func TestLinkRealObjects(t *testing.T) {
 		kernelModule(t, "nvidia-peermem.ko", peermem, false))
 	work := filepath.Join(t.TempDir(), "work")
 	log, logs := hosttest.NewLog()
-	mods, err := Link(context.Background(), p, work, Options{CoreObjectDir: coreDir(t, o), Log: log})
+	mods, err := Link(context.Background(), p, work, Options{Procs: host.OSExec{}, CoreObjectDir: coreDir(t, o), Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,7 +219,7 @@ func TestLinkRealObjects(t *testing.T) {
 func plainLink(t *testing.T, o objects, core string) []byte {
 	t.Helper()
 	mods, err := Link(context.Background(), newPackage(t, debianBanner, o, nil), filepath.Join(t.TempDir(), "w"),
-		Options{CoreObjectDir: core})
+		Options{Procs: host.OSExec{}, CoreObjectDir: core})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +261,7 @@ func TestLinkSignature(t *testing.T) {
 				t.Fatal("package does not store the crc of the signed module")
 			}
 			log, logs := hosttest.NewLog()
-			mods, err := Link(context.Background(), p, t.TempDir(), Options{CoreObjectDir: core, RequireSigned: tc.requireSigned, Log: log})
+			mods, err := Link(context.Background(), p, t.TempDir(), Options{Procs: host.OSExec{}, CoreObjectDir: core, RequireSigned: tc.requireSigned, Log: log})
 			if tc.wantErr != nil {
 				if !errors.Is(err, tc.wantErr) {
 					t.Fatalf("err = %v, want %v", err, tc.wantErr)
@@ -325,7 +325,7 @@ func TestLinkModuleCommon(t *testing.T) {
 			if tc.inCoreDir {
 				write(t, filepath.Join(core, ModuleCommonObject), o.common)
 			}
-			mods, err := Link(context.Background(), p, t.TempDir(), Options{CoreObjectDir: core, KernelRelease: tc.release})
+			mods, err := Link(context.Background(), p, t.TempDir(), Options{Procs: host.OSExec{}, CoreObjectDir: core, KernelRelease: tc.release})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -389,17 +389,17 @@ func TestLinkRejects(t *testing.T) {
 		wantErr error
 		want    string
 	}{
-		{"target directory escapes", escaping("../escape", "x.ko"), Options{}, precompiled.ErrUnsafePath, "escape"},
-		{"absolute target directory", escaping("/tmp", "x.ko"), Options{}, precompiled.ErrUnsafePath, "absolute"},
-		{"name with a slash", escaping(".", "a/x.ko"), Options{}, precompiled.ErrUnsafePath, "slash"},
-		{"linked module escapes", badLinked, Options{CoreObjectDir: core}, precompiled.ErrUnsafePath, "../nvidia.ko"},
-		{"linked module overwrites a member", collide, Options{CoreObjectDir: core}, precompiled.ErrInvalid, "overwrite"},
-		{"two members give one module", dup, Options{CoreObjectDir: core}, precompiled.ErrInvalid, "nvidia_uvm"},
-		{"interface without core object name", noCore, Options{CoreObjectDir: core}, precompiled.ErrInvalid, "core object name"},
-		{"no core object dir", newPackage(t, debianBanner, o, nil), Options{}, precompiled.ErrInvalid, "core object directory"},
-		{"missing core object", newPackage(t, debianBanner, o, nil), Options{CoreObjectDir: t.TempDir()}, os.ErrNotExist, "nv-kernel.o_binary"},
-		{"no such linker", newPackage(t, debianBanner, o, nil), Options{CoreObjectDir: core, LD: "/nonexistent/ld"}, ErrLink, "/nonexistent/ld"},
-		{"nil package", nil, Options{}, precompiled.ErrInvalid, "no package"},
+		{"target directory escapes", escaping("../escape", "x.ko"), Options{Procs: host.OSExec{}}, precompiled.ErrUnsafePath, "escape"},
+		{"absolute target directory", escaping("/tmp", "x.ko"), Options{Procs: host.OSExec{}}, precompiled.ErrUnsafePath, "absolute"},
+		{"name with a slash", escaping(".", "a/x.ko"), Options{Procs: host.OSExec{}}, precompiled.ErrUnsafePath, "slash"},
+		{"linked module escapes", badLinked, Options{Procs: host.OSExec{}, CoreObjectDir: core}, precompiled.ErrUnsafePath, "../nvidia.ko"},
+		{"linked module overwrites a member", collide, Options{Procs: host.OSExec{}, CoreObjectDir: core}, precompiled.ErrInvalid, "overwrite"},
+		{"two members give one module", dup, Options{Procs: host.OSExec{}, CoreObjectDir: core}, precompiled.ErrInvalid, "nvidia_uvm"},
+		{"interface without core object name", noCore, Options{Procs: host.OSExec{}, CoreObjectDir: core}, precompiled.ErrInvalid, "core object name"},
+		{"no core object dir", newPackage(t, debianBanner, o, nil), Options{Procs: host.OSExec{}}, precompiled.ErrInvalid, "core object directory"},
+		{"missing core object", newPackage(t, debianBanner, o, nil), Options{Procs: host.OSExec{}, CoreObjectDir: t.TempDir()}, os.ErrNotExist, "nv-kernel.o_binary"},
+		{"no such linker", newPackage(t, debianBanner, o, nil), Options{Procs: host.OSExec{}, CoreObjectDir: core, LD: "/nonexistent/ld"}, ErrLink, "/nonexistent/ld"},
+		{"nil package", nil, Options{Procs: host.OSExec{}}, precompiled.ErrInvalid, "no package"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -425,7 +425,7 @@ func TestLinkWorkDir(t *testing.T) {
 	t.Parallel()
 	o := stubs(t)
 	p := newPackage(t, debianBanner, o, nil)
-	opts := Options{CoreObjectDir: coreDir(t, o)}
+	opts := Options{Procs: host.OSExec{}, CoreObjectDir: coreDir(t, o)}
 
 	nonEmpty := t.TempDir()
 	write(t, filepath.Join(nonEmpty, "old"), nil)
@@ -473,26 +473,15 @@ func TestLinkerFailure(t *testing.T) {
 	t.Parallel()
 	o := stubs(t)
 	ld := fakeLD(t, `echo "fake-ld: undefined reference to nv_core_answer" >&2; exit 1`+"\n")
-	_, err := Link(context.Background(), newPackage(t, debianBanner, o, nil), t.TempDir(), Options{CoreObjectDir: coreDir(t, o), LD: ld})
+	_, err := Link(context.Background(), newPackage(t, debianBanner, o, nil), t.TempDir(), Options{Procs: host.OSExec{}, CoreObjectDir: coreDir(t, o), LD: ld})
 	if !errors.Is(err, ErrLink) || !strings.Contains(err.Error(), "undefined reference to nv_core_answer") ||
 		!strings.Contains(err.Error(), "exit status 1") || !strings.Contains(err.Error(), "link nvidia.ko") {
 		t.Fatalf("err = %v", err)
 	}
 	empty := fakeLD(t, `while [ "$1" != -o ]; do shift; done; : > "$2"`+"\n")
-	_, err = Link(context.Background(), newPackage(t, debianBanner, o, nil), t.TempDir(), Options{CoreObjectDir: coreDir(t, o), LD: empty})
+	_, err = Link(context.Background(), newPackage(t, debianBanner, o, nil), t.TempDir(), Options{Procs: host.OSExec{}, CoreObjectDir: coreDir(t, o), LD: empty})
 	if !errors.Is(err, ErrLink) || !strings.Contains(err.Error(), "empty") {
 		t.Fatalf("empty output: err = %v", err)
-	}
-}
-
-func TestTail(t *testing.T) {
-	t.Parallel()
-	var tl tail
-	tl.Write([]byte("start "))
-	tl.Write(bytes.Repeat([]byte("x"), outputTail))
-	tl.Write([]byte(" end"))
-	if s := tl.String(); !strings.HasPrefix(s, "...x") || !strings.HasSuffix(s, " end") || len(s) != outputTail+3 {
-		t.Errorf("tail = %d bytes %q...", len(s), s[:10])
 	}
 }
 
@@ -509,7 +498,7 @@ func TestLinkCancel(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		_, err := Link(ctx, newPackage(t, debianBanner, o, nil), filepath.Join(dir, "work"), Options{CoreObjectDir: coreDir(t, o), LD: ld})
+		_, err := Link(ctx, newPackage(t, debianBanner, o, nil), filepath.Join(dir, "work"), Options{Procs: host.OSExec{}, CoreObjectDir: coreDir(t, o), LD: ld})
 		done <- err
 	}()
 	var ids []int
@@ -538,7 +527,7 @@ func TestLinkCancel(t *testing.T) {
 			t.Fatalf("err = %v, want context.Canceled", err)
 		}
 		t.Logf("returned %v after cancel: %v", time.Since(start).Round(time.Millisecond), err)
-	case <-time.After(waitDelay + 5*time.Second):
+	case <-time.After(10 * time.Second):
 		t.Fatal("Link did not return after cancel")
 	}
 	for _, id := range ids {
@@ -570,24 +559,17 @@ func zombie(stat string) bool {
 	return i >= 0 && i+2 < len(stat) && stat[i+2] == 'Z'
 }
 
-// recordingRunner runs commands with os/exec and remembers them, as the agent's reaper would.
-type recordingRunner struct{ cmds []host.Cmd }
-
-func (r *recordingRunner) Output(ctx context.Context, c host.Cmd) ([]byte, error) {
-	r.cmds = append(r.cmds, c)
-	return exec.CommandContext(ctx, c.Path, c.Args...).Output()
-}
-
-func TestLinkThroughRunner(t *testing.T) {
+func TestLinkThroughProcs(t *testing.T) {
 	t.Parallel()
 	o := stubs(t)
-	runner := &recordingRunner{}
-	mods, err := Link(context.Background(), newPackage(t, debianBanner, o, nil), filepath.Join(t.TempDir(), "work"), Options{CoreObjectDir: coreDir(t, o), Runner: runner})
+	procs := &hosttest.FakeProcs{Handle: host.OSExec{}.Output}
+	mods, err := Link(context.Background(), newPackage(t, debianBanner, o, nil), filepath.Join(t.TempDir(), "work"), Options{CoreObjectDir: coreDir(t, o), Procs: procs})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(runner.cmds) == 0 || !filepath.IsAbs(runner.cmds[0].Path) || runner.cmds[0].Args[0] != "-d" {
-		t.Fatalf("runner calls %+v: want ld by absolute path with -d -r", runner.cmds)
+	cmds := procs.Cmds()
+	if len(cmds) == 0 || !filepath.IsAbs(cmds[0].Path) || cmds[0].Args[0] != "-d" {
+		t.Fatalf("commands %+v: want ld by absolute path with -d -r", cmds)
 	}
 	if len(mods) == 0 {
 		t.Fatal("no modules")
@@ -597,6 +579,7 @@ func TestLinkThroughRunner(t *testing.T) {
 // barrierRunner runs each linker only once want of them have started, so a Link that runs
 // them one after the other never gets its first one through.
 type barrierRunner struct {
+	host.OSExec
 	want    int
 	mu      sync.Mutex
 	started int
@@ -615,7 +598,7 @@ func (r *barrierRunner) Output(ctx context.Context, c host.Cmd) ([]byte, error) 
 	case <-time.After(20 * time.Second):
 		return nil, errors.New("this linker ran alone: the other one did not start beside it")
 	}
-	return exec.CommandContext(ctx, c.Path, c.Args...).Output()
+	return r.OSExec.Output(ctx, c)
 }
 
 // twoInterfaces is a package with nvidia.ko's and nvidia-modeset.ko's interfaces, and the
@@ -643,7 +626,7 @@ func TestLinkRunsInterfacesTogether(t *testing.T) {
 	p, core := twoInterfaces(t, o)
 	runner := &barrierRunner{want: 2, all: make(chan struct{})}
 	work := filepath.Join(t.TempDir(), "work")
-	mods, err := Link(context.Background(), p, work, Options{CoreObjectDir: core, Runner: runner})
+	mods, err := Link(context.Background(), p, work, Options{CoreObjectDir: core, Procs: runner})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -658,7 +641,7 @@ func TestLinkRunsInterfacesTogether(t *testing.T) {
 
 // failingRunner fails the link of nvidia-modeset.ko at once and holds nvidia.ko's until its
 // context ends (or fails it after 20 s).
-type failingRunner struct{}
+type failingRunner struct{ host.OSExec }
 
 func (failingRunner) Output(ctx context.Context, c host.Cmd) ([]byte, error) {
 	if strings.Contains(strings.Join(c.Args, " "), "nv-modeset-linux.o") {
@@ -678,7 +661,7 @@ func TestLinkFailureCancelsTheOther(t *testing.T) {
 	t.Parallel()
 	o := stubs(t)
 	p, core := twoInterfaces(t, o)
-	_, err := Link(context.Background(), p, filepath.Join(t.TempDir(), "work"), Options{CoreObjectDir: core, Runner: failingRunner{}})
+	_, err := Link(context.Background(), p, filepath.Join(t.TempDir(), "work"), Options{CoreObjectDir: core, Procs: failingRunner{}})
 	if !errors.Is(err, ErrLink) || errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "link nvidia-modeset.ko") ||
 		!strings.Contains(err.Error(), "nv_modeset_core") {
 		t.Fatalf("err = %v; want nvidia-modeset.ko's link failure", err)

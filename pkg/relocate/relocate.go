@@ -61,8 +61,8 @@ type Options struct {
 	LibDirs []string
 	// Patchelf is the patchelf program, a name looked up in PATH or a path; "" means "patchelf".
 	Patchelf string
-	// Runner runs patchelf and the helpers' start checks; nil means host.OSExec.
-	Runner host.Runner
+	// Procs runs patchelf and the helpers' start checks. Required.
+	Procs host.Procs
 	// Log receives what was relocated or skipped; nil discards it.
 	Log *slog.Logger
 }
@@ -84,12 +84,12 @@ type Result struct {
 // message; every such helper is reported. The binaries are modified in place, so tree must be a
 // writable copy.
 func Tree(ctx context.Context, tree string, o Options) (Result, error) {
-	r := &relocator{o: o, log: o.Log, runner: o.Runner}
+	r := &relocator{o: o, log: o.Log, runner: o.Procs}
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
 	}
 	if r.runner == nil {
-		r.runner = host.OSExec{}
+		return Result{}, errors.New("relocate: no Procs to run patchelf with")
 	}
 	if o.Sysroot == "" {
 		return Result{}, errors.New("relocate: no sysroot given")
@@ -167,7 +167,7 @@ func Tree(ctx context.Context, tree string, o Options) (Result, error) {
 type relocator struct {
 	o       Options
 	log     *slog.Logger
-	runner  host.Runner
+	runner  host.Procs
 	libDirs []string
 	scratch string // an empty directory the checks run in
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/driver-agent/driver-agent/pkg/daemon"
+	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/relocate"
 )
 
@@ -174,7 +175,7 @@ func TestTree(t *testing.T) {
 		before[p] = b
 	}
 
-	res, err := relocate.Tree(context.Background(), tree, relocate.Options{Sysroot: sysroot})
+	res, err := relocate.Tree(context.Background(), tree, relocate.Options{Sysroot: sysroot, Procs: host.OSExec{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +208,7 @@ func TestTree(t *testing.T) {
 	}
 
 	// A second run finds everything runnable and changes nothing.
-	res, err = relocate.Tree(context.Background(), tree, relocate.Options{Sysroot: sysroot})
+	res, err = relocate.Tree(context.Background(), tree, relocate.Options{Sysroot: sysroot, Procs: host.OSExec{}})
 	if err != nil || len(res.Relocated) != 0 || len(res.Runnable) != 2 {
 		t.Errorf("second run: %+v, %v", res, err)
 	}
@@ -234,7 +235,7 @@ func TestTreeMissingLibrary(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer reaper.Close()
-	res, err := relocate.Tree(context.Background(), tree, relocate.Options{Sysroot: sysroot, Runner: reaper})
+	res, err := relocate.Tree(context.Background(), tree, relocate.Options{Sysroot: sysroot, Procs: reaper})
 	if !errors.Is(err, relocate.ErrNotRunnable) {
 		t.Fatalf("Tree = %v, want ErrNotRunnable", err)
 	}
@@ -255,11 +256,11 @@ func TestTreeNoLoader(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(empty, "usr", "lib64"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	_, err := relocate.Tree(context.Background(), tree, relocate.Options{Sysroot: empty})
+	_, err := relocate.Tree(context.Background(), tree, relocate.Options{Sysroot: empty, Procs: host.OSExec{}})
 	if !errors.Is(err, relocate.ErrNoLoader) || !strings.Contains(err.Error(), "scripts/basic/fixdep") {
 		t.Fatalf("Tree = %v, want ErrNoLoader naming fixdep", err)
 	}
-	if _, err := relocate.Tree(context.Background(), tree, relocate.Options{Sysroot: filepath.Join(empty, "nope")}); err == nil {
+	if _, err := relocate.Tree(context.Background(), tree, relocate.Options{Sysroot: filepath.Join(empty, "nope"), Procs: host.OSExec{}}); err == nil {
 		t.Error("Tree with a missing sysroot succeeded")
 	}
 	if _, err := relocate.Tree(context.Background(), tree, relocate.Options{}); err == nil {
@@ -272,7 +273,7 @@ func TestTreeCancelled(t *testing.T) {
 	tree, sysroot := setup(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := relocate.Tree(ctx, tree, relocate.Options{Sysroot: sysroot}); !errors.Is(err, context.Canceled) {
+	if _, err := relocate.Tree(ctx, tree, relocate.Options{Sysroot: sysroot, Procs: host.OSExec{}}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Tree = %v, want context.Canceled", err)
 	}
 }

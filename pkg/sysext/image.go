@@ -64,8 +64,8 @@ type Options struct {
 	OutDir string
 	// Mksquashfs is the mksquashfs program; "" means mksquashfs in PATH.
 	Mksquashfs string
-	// Runner runs mksquashfs; nil means host.OSExec.
-	Runner host.Runner
+	// Procs runs mksquashfs. Required.
+	Procs host.Procs
 	// Generator names the program in the unit's header comment.
 	Generator string
 	Log       *slog.Logger
@@ -573,6 +573,9 @@ func fixModes(dir string) error {
 // squash makes the squashfs image of dir in a temporary file beside the final one: files owned
 // by root, timestamps zero and no extended attributes, so the same inputs make the same image.
 func (o Options) squash(ctx context.Context, dir, name string) (string, error) {
+	if o.Procs == nil {
+		return "", errors.New("sysext: no Procs to run mksquashfs with")
+	}
 	prog := o.Mksquashfs
 	if prog == "" {
 		prog = "mksquashfs"
@@ -594,13 +597,9 @@ func (o Options) squash(ctx context.Context, dir, name string) (string, error) {
 	}
 	defer os.Remove(logf.Name())
 	defer logf.Close()
-	runner := o.Runner
-	if runner == nil {
-		runner = host.OSExec{}
-	}
 	cmd := host.Cmd{Path: resolved, Args: []string{dir, tmp, "-noappend", "-all-root", "-no-xattrs",
 		"-mkfs-time", "0", "-all-time", "0", "-comp", "gzip", "-no-progress", "-quiet"}}
-	if err := runner.Run(ctx, cmd, logf); err != nil {
+	if err := o.Procs.Run(ctx, cmd, logf); err != nil {
 		os.Remove(tmp)
 		out, _ := os.ReadFile(logf.Name())
 		return "", fmt.Errorf("sysext: mksquashfs: %w: %s", err, strings.TrimSpace(lastLines(string(out), 10)))

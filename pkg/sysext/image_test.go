@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
 	"github.com/driver-agent/driver-agent/pkg/sysext"
 	"github.com/driver-agent/driver-agent/pkg/sysext/sysexttest"
@@ -47,7 +48,7 @@ func options(t *testing.T) sysext.Options {
 		t.Fatal(err)
 	}
 	return sysext.Options{DriverVersion: drv, FlatcarVersion: fc, Architecture: "x86-64", KernelRelease: kver,
-		Modules: modules(t, kver), ContainerRoot: root, OutDir: t.TempDir()}
+		Modules: modules(t, kver), ContainerRoot: root, OutDir: t.TempDir(), Procs: host.OSExec{}}
 }
 
 func needSquashfsTools(t *testing.T) {
