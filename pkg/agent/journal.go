@@ -375,10 +375,8 @@ func (r *run) recordMount(target string) error {
 
 // closeJournal runs after the teardown: the journal keeps what is still on the node (a driver in
 // use, a prerequisite something else holds) for the next agent, and goes when nothing is.
+// A dry run never gets here: it prints the plan after its teardown instead.
 func (r *run) closeJournal() {
-	if r.Config.DryRun {
-		return
-	}
 	r.jr.mu.Lock()
 	defer r.jr.mu.Unlock()
 	left := r.stillThere(r.jr.j)

@@ -6,7 +6,8 @@
 // the PID is verified to run that program. A Supervisor runs a set of runners for the agent: wait
 // until the required ones are up, report one failing for good, stop them in reverse start order.
 //
-// Every child is started and waited for through a Reaper, the process's single wait loop.
+// Every child is started and waited for through host.Procs: in the agent the Reaper, the
+// process's single wait loop, which implements it.
 package daemon
 
 import (

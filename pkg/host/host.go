@@ -1,9 +1,10 @@
 // Package host is the agent's only door to the machine: the filesystem roots every path is resolved
 // under, and the small interfaces through which every side effect (module load and unload, mounts,
 // device nodes, processes, file writes) passes. Each interface has a real Linux implementation, a
-// recording one for --dry-run, and stateful fakes in package hosttest. Processes are the one seam
-// whose real implementation lives elsewhere: the agent's reaper (pkg/daemon), plugged into Host by
-// pkg/cli, since it must be the only code in the process that waits for children.
+// recording one for --dry-run, and stateful fakes in package hosttest. Processes (Procs) are the
+// one seam whose real implementation lives elsewhere: the agent's reaper (pkg/daemon), plugged
+// into Host by pkg/cli, since it must be the only code in the process that waits for children;
+// OSExec (os/exec) serves the build-time subcommands, which run no reaper.
 //
 // Three kinds of writes stay outside, each for a reason: a package that owns one crash-safe store
 // writes it itself (pkg/cache's module cache: temporary directory, fsync, rename; pkg/lock's flock

@@ -171,10 +171,10 @@ func signed(m host.ModuleImage) bool {
 	return strings.HasSuffix(string(tail), magic)
 }
 
-// Unload is Unloader{Host: h, Log: log, DryRun: dryRun, UnloadForeign: true}.Unload: every
-// holder of names is unloaded too, and the retries last until ctx ends.
-func Unload(ctx context.Context, h host.Host, log *slog.Logger, names []string, dryRun bool) error {
-	return Unloader{Host: h, Log: log, DryRun: dryRun, UnloadForeign: true}.Unload(ctx, names)
+// Unload is Unloader{Host: h, Log: log, UnloadForeign: true}.Unload: every holder of names is
+// unloaded too, and the retries last until ctx ends.
+func Unload(ctx context.Context, h host.Host, log *slog.Logger, names []string) error {
+	return Unloader{Host: h, Log: log, UnloadForeign: true}.Unload(ctx, names)
 }
 
 // Unloader removes a set of modules and the loaded modules that hold them, in holder order.

@@ -195,7 +195,7 @@ func TestUnloadRetriesBusy(t *testing.T) {
 	e := newEnv(t, map[string]hosttest.FakeModule{"nvidia_uvm": {Deps: []string{"nvidia"}}})
 	hosttest.Must(t, e.kernel.Preload("nvidia", "nvidia_uvm"))
 	e.kernel.BusyFor("nvidia", 2)
-	if err := Unload(context.Background(), e.host, slog.New(slog.NewTextHandler(io.Discard, nil)), []string{"nvidia"}, false); err != nil {
+	if err := Unload(context.Background(), e.host, slog.New(slog.NewTextHandler(io.Discard, nil)), []string{"nvidia"}); err != nil {
 		t.Fatal(err)
 	}
 	calls := e.kernel.Calls()
@@ -219,7 +219,7 @@ func TestInUseNamesTheHolder(t *testing.T) {
 	hosttest.Must(t, os.Symlink("/dev/null", filepath.Join(proc, "77/fd/1")))
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	err := Unload(ctx, e.host, slog.New(slog.NewTextHandler(io.Discard, nil)), []string{"nvidia"}, false)
+	err := Unload(ctx, e.host, slog.New(slog.NewTextHandler(io.Discard, nil)), []string{"nvidia"})
 	if !errors.Is(err, exitcode.ErrInUse) {
 		t.Fatalf("err = %v", err)
 	}

@@ -169,7 +169,7 @@ func Reload(ctx context.Context, o Options) error {
 	}
 	stop, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	return modules.Unload(stop, o.Host, o.Log, []string{"nvidia_peermem"}, false)
+	return modules.Unload(stop, o.Host, o.Log, []string{"nvidia_peermem"})
 }
 
 // load finds nvidia-peermem among the modules the init container uses, and loads it.
