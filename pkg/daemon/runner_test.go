@@ -423,3 +423,46 @@ func TestRunnerCancelledBeforeStart(t *testing.T) {
 	}
 	assertStates(t, f.rec, states(daemon.StateStopped))
 }
+
+// TestRunnerThroughFakeProcs: the runner needs only host.Procs. It starts the daemon through it,
+// restarts it after a crash, and stops it with SIGTERM to what it started.
+func TestRunnerThroughFakeProcs(t *testing.T) {
+	t.Parallel()
+	procs := &hosttest.FakeProcs{}
+	spec := daemon.Spec{Name: "fake", Cmd: host.Cmd{Path: "/usr/bin/nvidia-persistenced", Args: []string{"--verbose"}},
+		Policy: daemon.Policy{InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond, MaxRestarts: 1}}
+	r, err := daemon.NewRunner(spec, daemon.Options{Procs: procs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop, _ := runAsync(t, r)
+	first := waitState(t, r, daemon.StateUp)
+	started := procs.Started()
+	if len(started) != 1 || first.PID != started[0].Pid() || started[0].Cmd.Args[0] != "--verbose" {
+		t.Fatalf("up as pid %d; started %+v", first.PID, started)
+	}
+	started[0].Exit(errors.New("exit status 1"))
+	deadline := time.After(20 * time.Second) // a guard against a hang, not a timed assertion
+	for {
+		ch := r.Changed()
+		st := r.Status()
+		if st.State == daemon.StateUp && st.PID != first.PID {
+			if st.Restarts != 1 || st.LastExit != "exit status 1" {
+				t.Errorf("after the crash: %+v", st)
+			}
+			break
+		}
+		select {
+		case <-ch:
+		case <-deadline:
+			t.Fatalf("not restarted: %+v", st)
+		}
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("stop = %v", err)
+	}
+	started = procs.Started()
+	if len(started) != 2 || len(procs.Running()) != 0 || !reflect.DeepEqual(started[1].Signals(), []syscall.Signal{syscall.SIGTERM}) {
+		t.Fatalf("after stop: %d started, %d running, signals %v; want SIGTERM to the second", len(started), len(procs.Running()), started[1].Signals())
+	}
+}
