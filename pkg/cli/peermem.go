@@ -26,7 +26,8 @@ func runReloadPeermem(ctx context.Context, prog string, args, environ []string, 
 		cacheDir = cfg.Roots.InRun("nvidia/driver-agent/cache")
 	}
 	log := newLogger(cfg, stderr).With("node", cfg.NodeName)
-	err := peermem.Reload(ctx, peermem.Options{Host: host.Real(cfg.Roots, host.OSExec{}), Log: log, HostMOFED: cfg.HostMOFED, CacheDir: cacheDir, Wait: peermemWait})
+	err := peermem.Reload(ctx, peermem.Options{Host: host.Real(cfg.Roots, host.OSExec{}), // it runs no process
+		Log: log, HostMOFED: cfg.HostMOFED, CacheDir: cacheDir, Wait: peermemWait})
 	if err != nil {
 		log.Error("failed to load nvidia-peermem module", "error", err)
 	}
