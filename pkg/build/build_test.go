@@ -63,16 +63,16 @@ var compiledObjects = []string{"nvidia/nv.o", "nvidia/nv-procfs.o", "nvidia-mode
 
 // fakeRunner plays the compiler (--version), make and ld.
 type fakeRunner struct {
-	hosttest.FakeProcs // Start and Output, which the build does not use
-	ccVersion string // --version output
-	ccFail    bool
-	vermagic  string // of the modules make writes; default release
-	common    bool   // make also writes .module-common.o (kernels 6.12+)
-	skip      string // a module make does not write
-	failLines int    // make prints this many lines and fails
-	failText  string // the last of them
-	failFirst string // and, when set, the first
-	block     bool   // make waits for ctx
+	hosttest.FakeProcs        // Start and Output, which the build does not use
+	ccVersion          string // --version output
+	ccFail             bool
+	vermagic           string // of the modules make writes; default release
+	common             bool   // make also writes .module-common.o (kernels 6.12+)
+	skip               string // a module make does not write
+	failLines          int    // make prints this many lines and fails
+	failText           string // the last of them
+	failFirst          string // and, when set, the first
+	block              bool   // make waits for ctx
 
 	mu    sync.Mutex
 	calls []host.Cmd
@@ -573,7 +573,9 @@ type runnerFunc struct {
 	run func(ctx context.Context, c host.Cmd, out *os.File) error
 }
 
-func (r runnerFunc) Run(ctx context.Context, c host.Cmd, out *os.File) error { return r.run(ctx, c, out) }
+func (r runnerFunc) Run(ctx context.Context, c host.Cmd, out *os.File) error {
+	return r.run(ctx, c, out)
+}
 
 // On kernels 6.12 and newer kbuild also compiles .module-common.o: one object more to count.
 func TestProgressCountsModuleCommon(t *testing.T) {
