@@ -175,8 +175,8 @@ func (r *Reaper) spawn(c host.Cmd, o host.StartOptions) (*Child, error) {
 }
 
 // Output implements host.Procs: it runs c to completion and returns its stdout (at most 1 MiB).
-// Its stderr is logged with cmd=<base name> and its last lines are part of the error when it fails. When ctx ends first the
-// process group is killed and ctx's error returned.
+// Its stderr is logged with cmd=<base name> and its last lines are part of the error when it
+// fails. When ctx ends first the process group is killed and ctx's error returned.
 func (r *Reaper) Output(ctx context.Context, c host.Cmd) ([]byte, error) {
 	name := filepath.Base(c.Path)
 	log := r.log.With("cmd", name)

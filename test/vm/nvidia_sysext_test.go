@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/link"
 	"github.com/driver-agent/driver-agent/pkg/sysext"
 	"github.com/driver-agent/driver-agent/pkg/sysext/sysexttest"
@@ -30,7 +31,7 @@ func (nv *nvidiaRun) sysext(t *testing.T, mods []link.Module) {
 		t.Fatal(err)
 	}
 	o := sysext.Options{DriverVersion: nv.src.version, FlatcarVersion: "4593.2.0", Architecture: "x86-64", KernelRelease: nv.h.tl.abi,
-		ContainerRoot: root, OutDir: out, Generator: "test/vm nvidia"}
+		ContainerRoot: root, OutDir: out, Generator: "test/vm nvidia", Procs: host.OSExec{}}
 	for _, m := range mods {
 		o.Modules = append(o.Modules, sysext.Module{Path: m.Path})
 	}

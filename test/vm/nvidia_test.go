@@ -369,7 +369,8 @@ func (nv *nvidiaRun) compileOptions(t *testing.T, rec *records, term io.Writer, 
 		Roots: host.Roots{HostRoot: hostRoot}, KernelRelease: nv.h.tl.abi, Banner: nv.banner,
 		DriverVersion: nv.src.version, Flatcar: nvidiaRelease, SourceDir: nv.src.flavour(flavour),
 		WorkDir: filepath.Join(nv.h.work, "compile-"+flavour), Log: log, Terminal: term,
-		CC: nv.h.tl.cc, // the image's compiler for the kernel's generation ("" is gcc)
+		CC:    nv.h.tl.cc, // the image's compiler for the kernel's generation ("" is gcc)
+		Procs: host.OSExec{},
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/sysext"
 	"github.com/driver-agent/driver-agent/pkg/sysext/sysexttest"
 )
@@ -57,7 +58,7 @@ func addSysext(t *testing.T, h *harness, r *rootfs) {
 	var images []string
 	for _, v := range []string{sysextHostVersion, sysextOtherVersion} {
 		o := sysext.Options{DriverVersion: driverVersion, FlatcarVersion: v, Architecture: "x86-64", KernelRelease: h.tl.abi,
-			ContainerRoot: root, OutDir: out, Generator: "test/vm"}
+			ContainerRoot: root, OutDir: out, Generator: "test/vm", Procs: host.OSExec{}}
 		for _, m := range []string{"nvidia.ko", "nvidia-uvm.ko", "nvidia-modeset.ko"} {
 			o.Modules = append(o.Modules, sysext.Module{Path: std.path(m)})
 		}
