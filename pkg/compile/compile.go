@@ -133,7 +133,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	if err := os.MkdirAll(o.WorkDir, 0o700); err != nil {
 		return res, fmt.Errorf("work dir: %w", err)
 	}
-	log.Info("Installing the Flatcar kernel sources into the development environment...", "kernel", o.KernelRelease)
+	log.Info("Finding the kernel build tree...", "kernel", o.KernelRelease) // the Flatcar download says the script's line itself
 	t, skipped, err := localTree(o.Roots.HostRoot, o.KernelBuildTree, o.KernelRelease)
 	for _, s := range skipped {
 		log.Warn("kernel build tree passed over", "why", s)
