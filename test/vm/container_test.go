@@ -159,8 +159,9 @@ func (h *harness) containerBoot(t *testing.T, g group, img containerImage) {
 // tree where the host keeps it (addHostBuildTree), and the stand-ins' sources laid out as NVIDIA's
 // kernel source directory in /vmtest/compile-src, which guest/container.sh puts into the
 // container's layer as /usr/src/nvidia-<version>/kernel and kernel-open, without precompiled
-// packages. From test/vm/standin/source: the Makefile (NVIDIA's command line, `make SYSSRC=...
-// modules`), the Kbuild and each module directory's <module>.Kbuild fragment; from the standard
+// packages. From test/vm/standin/source: the Kbuild and each module directory's <module>.Kbuild
+// fragment; the build tests' stand-in Makefile (NVIDIA's command line, `make SYSSRC=... modules`,
+// pkg/build/buildtest/standin); from the standard
 // build: the C sources, standin.h, its standin-config.h (the driver version) and the core objects
 // nvidia/nv-kernel.o_binary and nvidia-modeset/nv-modeset-kernel.o_binary, prebuilt as NVIDIA
 // ships them.
@@ -185,6 +186,7 @@ func addCompileFiles(t *testing.T, h *harness, r *rootfs) {
 	}
 	std := h.standins["standard"]
 	for to, from := range map[string]string{
+		"Makefile":                              filepath.Join(h.repo, "pkg/build/buildtest/standin/Makefile"),
 		"standin.h":                             std.path("standin.h"),
 		"standin-config.h":                      std.path("standin-config.h"),
 		"nvidia/nv-interface.c":                 std.path("nv-interface.c"),
