@@ -38,16 +38,20 @@ func (k killAfterLoad) LoadModule(m host.ModuleImage) error {
 
 // killed runs a until the hook that crash installs calls kill: the agent's goroutine ends there
 // with runtime.Goexit, so no teardown runs, as with SIGKILL. Its deferred lock release runs (the
-// kernel drops a dead process's flock too). Metrics are off: their server would outlive it.
+// kernel drops a dead process's flock too); killed returns once that goroutine has ended, so
+// nothing of the killed agent still changes the files. Metrics are off: their server would
+// outlive it.
 func (w *world) killed(t *testing.T, crash func(a *Agent, kill func())) {
 	t.Helper()
 	a := w.agent(t, "--metrics-address", "")
-	gone := make(chan struct{})
-	crash(a, func() { close(gone); runtime.Goexit() })
-	_, done := startAgent(a)
-	select {
-	case <-gone:
-	case err := <-done:
+	hit := false
+	crash(a, func() { hit = true; runtime.Goexit() })
+	ended := make(chan error, 1)
+	go func() {
+		defer close(ended) // runs after Run's own deferred calls, under Goexit too
+		ended <- a.Run(context.Background())
+	}()
+	if err, returned := <-ended; returned || !hit {
 		t.Fatalf("the agent ended before the crash point: %v", err)
 	}
 }
