@@ -9,9 +9,8 @@
 //
 // Each entry is a directory named after the key's hash holding
 //
-//	package.bin     the modules as a precompiled package of complete-module records
-//	modules/<file>  the same modules unpacked, ready to load
-//	manifest.json   the key and the sha256 of the package and of every module
+//	modules/<file>  the modules, ready to load
+//	manifest.json   the key, and the size and sha256 of every module
 //
 // Entries are written to a temporary directory and renamed into place, so a
 // crash never leaves a half-written entry under its final name. Lookup
@@ -19,8 +18,7 @@
 // fails; Peek verifies the same way and writes nothing (for a dry run). Open
 // is Lookup for a caller that loads the modules: it checks everything but the
 // contents, and OpenModule verifies each module's sha256 on the descriptor
-// the module is then loaded from, so what is loaded is hashed once and the
-// package (never loaded) not at all. Prune bounds the number of entries,
+// the module is then loaded from, so what is loaded is hashed once. Prune bounds the number of entries,
 // removing the least recently used first.
 package cache
 
@@ -40,17 +38,13 @@ import (
 
 	"github.com/driver-agent/driver-agent/pkg/kernel"
 	"github.com/driver-agent/driver-agent/pkg/link"
-	"github.com/driver-agent/driver-agent/pkg/precompiled"
 )
 
 // File names inside an entry.
 const (
 	// ManifestFile is the entry's manifest.
 	ManifestFile = "manifest.json"
-	// PackageFile is the entry's precompiled package.
-	PackageFile = "package.bin"
-	// ModulesDir is the directory of the unpacked modules, and the target
-	// directory of every record in the package.
+	// ModulesDir is the directory of the modules.
 	ModulesDir = "modules"
 )
 
@@ -174,55 +168,35 @@ func Store(dir string, key Key, modules []link.Module) (Entry, error) {
 	return e, nil
 }
 
-// fill writes a complete entry into the empty directory tmp and returns its manifest.
+// fill writes a complete entry into the empty directory tmp and returns its manifest. Each
+// module is read once: copied into modules/ and hashed on the way.
 func fill(tmp string, key Key, modules []link.Module) (*Manifest, error) {
-	p := &precompiled.Package{DriverVersion: key.DriverVersion, ProcVersion: key.Banner,
-		Description: "driver-agent module cache: " + key.Flavor}
 	m := &Manifest{Format: ManifestFormat, Key: key}
 	m.Key.BuildParams = slices.Clone(key.BuildParams)
+	if err := os.Mkdir(filepath.Join(tmp, ModulesDir), 0o755); err != nil {
+		return nil, err
+	}
+	files := map[string]bool{}
 	for _, mod := range modules {
 		file := filepath.Base(mod.Path)
+		if files[file] {
+			return nil, fmt.Errorf("%w: module %s: file %s listed twice", ErrInvalid, mod.Name, file)
+		}
+		files[file] = true
 		if !kernel.ValidModuleName(mod.Name) || strings.Contains(mod.Name, "-") {
 			return nil, fmt.Errorf("%w: module name %q", ErrInvalid, mod.Name)
 		}
 		if err := checkFile(file); err != nil {
 			return nil, fmt.Errorf("%w: module %s: %w", ErrInvalid, mod.Name, err)
 		}
-		data, err := readModule(mod.Path)
+		size, sum, err := copyModule(mod.Path, filepath.Join(tmp, ModulesDir, file))
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("module %s: %w", mod.Name, err)
 		}
-		f, err := precompiled.NewKernelModule(file, ModulesDir, data, mod.Signed)
-		if err != nil {
-			return nil, fmt.Errorf("%w: module %s: %w", ErrInvalid, mod.Name, err)
-		}
-		if err := p.Append(f); err != nil {
-			return nil, fmt.Errorf("%w: module %s: %w", ErrInvalid, mod.Name, err)
-		}
-		sum := sha256.Sum256(data)
-		m.Modules = append(m.Modules, ModuleSum{Name: mod.Name, File: file, Size: int64(len(data)),
-			SHA256: hex.EncodeToString(sum[:]), Signed: mod.Signed})
+		m.Modules = append(m.Modules, ModuleSum{Name: mod.Name, File: file, Size: size, SHA256: sum, Signed: mod.Signed})
 	}
-	sum, err := writeSynced(filepath.Join(tmp, PackageFile), func(w io.Writer) error {
-		_, err := p.WriteTo(w)
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	m.Package = FileSum{File: PackageFile, SHA256: sum}
 	if err := m.validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
-	}
-	if err := os.Mkdir(filepath.Join(tmp, ModulesDir), 0o755); err != nil {
-		return nil, err
-	}
-	// The records' files, written directly: precompiled.Unpack would validate the package (every
-	// record's CRC) a third time, and the names are plain file names checked above.
-	for _, f := range p.Files {
-		if err := writeFileSynced(filepath.Join(tmp, ModulesDir, f.Name), f.Data); err != nil {
-			return nil, err
-		}
 	}
 	manifest, err := m.marshal()
 	if err != nil {
@@ -263,25 +237,38 @@ func install(tmp, final string) error {
 	return os.RemoveAll(old)
 }
 
-// readModule reads a module file, refusing anything that is not a regular
-// file or is larger than a package may be.
-func readModule(path string) ([]byte, error) {
-	f, err := os.Open(path)
+// copyModule copies the module file src to dst (created, mode 0644, synced) and returns its
+// size and sha256, refusing anything that is not a regular file of at most
+// maxModuleSize bytes.
+func copyModule(src, dst string) (int64, string, error) {
+	f, err := os.Open(src)
 	if err != nil {
-		return nil, err
+		return 0, "", err
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return nil, err
+		return 0, "", err
 	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("%w: %s is not a regular file", ErrInvalid, path)
+	switch {
+	case !st.Mode().IsRegular():
+		return 0, "", fmt.Errorf("%w: %s is not a regular file", ErrInvalid, src)
+	case st.Size() > maxModuleSize:
+		return 0, "", fmt.Errorf("%w: %s: %d bytes, over %d", ErrInvalid, src, st.Size(), int64(maxModuleSize))
 	}
-	if st.Size() > precompiled.MaxPackageSize {
-		return nil, fmt.Errorf("%w: %s: %d bytes", ErrInvalid, path, st.Size())
+	var n int64
+	sum, err := writeSynced(dst, func(w io.Writer) error {
+		var err error
+		n, err = io.Copy(w, io.LimitReader(f, maxModuleSize+1))
+		return err
+	})
+	switch {
+	case err != nil:
+		return 0, "", err
+	case n != st.Size():
+		return 0, "", fmt.Errorf("%s changed while it was copied: %d bytes, then %d", src, st.Size(), n)
 	}
-	return io.ReadAll(f)
+	return n, sum, nil
 }
 
 // writeSynced creates path (mode 0644), fills it with write, syncs it and
@@ -302,19 +289,6 @@ func writeSynced(path string, write func(io.Writer) error) (sum string, err erro
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
-// writeFileSynced creates path (mode 0644), writes data and syncs it.
-func writeFileSynced(path string, data []byte) (err error) {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-	if err != nil {
-		return err
-	}
-	defer func() { err = errors.Join(err, f.Close()) }()
-	if _, err := f.Write(data); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return f.Sync()
-}
-
 // syncPath fsyncs a file or directory.
 func syncPath(path string) error {
 	f, err := os.Open(path)
@@ -327,9 +301,9 @@ func syncPath(path string) error {
 // Lookup returns the entry stored under key in dir after verifying it.
 //
 // A missing entry is a plain miss (ok false, nil error). An entry that fails
-// verification (an unreadable or inconsistent manifest, a file whose sha256
-// differs, a package that does not parse or does not hold the listed modules,
-// a manifest for another key) is removed and reported as a miss: ok is false
+// verification (an unreadable or inconsistent manifest, or one of another
+// format, a module file missing or whose size or sha256 differs, a manifest
+// for another key) is removed and reported as a miss: ok is false
 // and the error, wrapping ErrCorrupt, gives the reason. Other errors (an
 // invalid key, an unreadable cache directory) are returned as they are.
 //
@@ -339,8 +313,8 @@ func Lookup(dir string, key Key) (Entry, bool, error) {
 	return lookup(dir, key, true, true)
 }
 
-// Open is Lookup without hashing the files: the manifest, the key, the
-// package's header and every module's type and size are checked (an entry
+// Open is Lookup without hashing the files: the manifest, the key and every
+// module file's type (regular) and size are checked (an entry
 // that fails is removed and reported as Lookup does), their sha256 not. A
 // caller that loads the modules opens each with OpenModule, which verifies
 // it.
@@ -460,27 +434,6 @@ func verify(dir string, key Key, contents bool) (Entry, error) {
 	if !m.Key.Equal(key) {
 		return Entry{}, corrupt("manifest is for another key")
 	}
-
-	// Only the package's header is parsed; the rest is hashed as a stream, so that a hit never
-	// holds a copy of every module in memory. The sha256 ties it to what Store wrote.
-	var h precompiled.Header
-	sum, err := hashFile(root, m.Package.File, contents, func(r io.Reader) error {
-		var err error
-		h, err = precompiled.ReadHeader(r)
-		return err
-	})
-	if err != nil {
-		return Entry{}, corrupt("%s: %v", m.Package.File, err)
-	}
-	if contents && sum != m.Package.SHA256 {
-		return Entry{}, corrupt("%s: sha256 %s, manifest says %s", m.Package.File, sum, m.Package.SHA256)
-	}
-	if h.DriverVersion != key.DriverVersion || h.ProcVersion != key.Banner {
-		return Entry{}, corrupt("%s: header does not match the key", m.Package.File)
-	}
-	if h.Files != len(m.Modules) {
-		return Entry{}, corrupt("%s holds %d files, manifest lists %d modules", m.Package.File, h.Files, len(m.Modules))
-	}
 	e := Entry{Dir: dir, Manifest: m}
 	for _, mod := range m.Modules {
 		rel := filepath.Join(ModulesDir, mod.File)
@@ -489,30 +442,23 @@ func verify(dir string, key Key, contents bool) (Entry, error) {
 		}
 		e.Modules = append(e.Modules, link.Module{Name: mod.Name, Path: filepath.Join(dir, rel), Signed: mod.Signed})
 	}
-	return e, nil
-}
-
-// hashFile opens the regular file rel under root, passes its contents to use
-// and returns their sha256; without hash, only what use reads is read, and the
-// sum is "".
-func hashFile(root *os.Root, rel string, hash bool, use func(io.Reader) error) (string, error) {
-	f, err := openRegular(root, rel)
+	// modules/ holds what the manifest lists and nothing else: a manifest that lost a module
+	// does not pass for a smaller entry.
+	md, err := root.Open(ModulesDir)
 	if err != nil {
-		return "", err
+		return Entry{}, corrupt("%v", err)
 	}
-	defer f.Close()
-	if !hash {
-		return "", use(f)
+	names, err := md.Readdirnames(maxModules + 1)
+	md.Close()
+	if err != nil && !errors.Is(err, io.EOF) {
+		return Entry{}, corrupt("%s: %v", ModulesDir, err)
 	}
-	h := sha256.New()
-	if err := use(io.TeeReader(f, h)); err != nil {
-		return "", err
+	for _, n := range names {
+		if !slices.ContainsFunc(m.Modules, func(mod ModuleSum) bool { return mod.File == n }) {
+			return Entry{}, corrupt("%s holds %s, which the manifest does not list", ModulesDir, n)
+		}
 	}
-	// Anything use left unread still counts.
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
+	return e, nil
 }
 
 // openRegular opens rel under root when it is a regular file (not a symbolic link).

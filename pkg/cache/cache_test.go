@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -14,7 +15,6 @@ import (
 
 	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
 	"github.com/driver-agent/driver-agent/pkg/link"
-	"github.com/driver-agent/driver-agent/pkg/precompiled"
 )
 
 const (
@@ -102,18 +102,23 @@ func TestStoreLookup(t *testing.T) {
 		t.Errorf("Lookup = %+v, Store gave %+v", e, stored)
 	}
 
-	// The package in the entry is a valid precompiled package of complete modules.
-	p, err := precompiled.ReadFile(filepath.Join(e.Dir, PackageFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if p.ProcVersion != key.Banner || p.DriverVersion != key.DriverVersion || len(p.Files) != len(mods) {
-		t.Errorf("package header %q %q, %d files", p.DriverVersion, p.ProcVersion, len(p.Files))
-	}
-	for i, f := range p.Files {
-		if f.Type != precompiled.KernelModule || (f.Attributes&precompiled.AttrEmbeddedSignature != 0) != mods[i].Signed {
-			t.Errorf("record %d: type %v attributes %v", i, f.Type, f.Attributes)
+	// The entry holds the manifest and one copy of each module, nothing else.
+	var files []string
+	filepath.WalkDir(e.Dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			rel, _ := filepath.Rel(e.Dir, p)
+			files = append(files, rel)
 		}
+		return err
+	})
+	want := []string{ManifestFile}
+	for _, m := range mods {
+		want = append(want, filepath.Join(ModulesDir, filepath.Base(m.Path)))
+	}
+	slices.Sort(files)
+	slices.Sort(want)
+	if !slices.Equal(files, want) {
+		t.Errorf("entry files %v, want %v", files, want)
 	}
 
 	// No working directories are left behind.
@@ -213,8 +218,7 @@ func TestDamagedEntry(t *testing.T) {
 	}{
 		{"module byte flipped", flip("modules/nvidia.ko", 100), "modules/nvidia.ko: sha256"},
 		{"module last byte flipped", flip("modules/nvidia-uvm.ko", -1), "modules/nvidia-uvm.ko: sha256"},
-		{"package header byte flipped", flip(PackageFile, 200), PackageFile + ": sha256"},
-		{"package record byte flipped", flip(PackageFile, -40), PackageFile + ": sha256"},
+		{"manifest of an older format", editManifest(func(m *Manifest) { m.Format = 1 }), "format 1, want 2"},
 		{"manifest byte flipped", flip(ManifestFile, 2), "manifest"},
 		{"module missing", func(t *testing.T, e string) {
 			hosttest.Must(t, os.Remove(filepath.Join(e, "modules", "nvidia-modeset.ko")))
@@ -238,8 +242,8 @@ func TestDamagedEntry(t *testing.T) {
 		}, "manifest"},
 		{"manifest for another key", editManifest(func(m *Manifest) { m.Key.Flavor = "proprietary" }), "another key"},
 		{"manifest sum edited", editManifest(func(m *Manifest) { m.Modules[0].SHA256 = strings.Repeat("0", 64) }), "manifest says " + strings.Repeat("0", 64)},
-		{"manifest lists fewer modules", editManifest(func(m *Manifest) { m.Modules = m.Modules[:2] }), "manifest lists 2"},
-		{"manifest package sum edited", editManifest(func(m *Manifest) { m.Package.SHA256 = strings.Repeat("a", 64) }), "manifest says"},
+		{"manifest lists fewer modules", editManifest(func(m *Manifest) { m.Modules = m.Modules[:2] }), "which the manifest does not list"},
+		{"manifest size edited", editManifest(func(m *Manifest) { m.Modules[1].Size++ }), "manifest says"},
 		{"entry is a file", func(t *testing.T, e string) {
 			hosttest.Must(t, os.RemoveAll(e))
 			hosttest.Must(t, os.WriteFile(e, []byte("x"), 0o644))
@@ -547,8 +551,11 @@ func TestOpenDamagedEntry(t *testing.T) {
 			hosttest.Must(t, os.Symlink("nvidia-uvm.ko.real", p))
 		},
 		"manifest missing": func(t *testing.T, e string) { hosttest.Must(t, os.Remove(filepath.Join(e, ManifestFile))) },
-		"package header bad": func(t *testing.T, e string) {
-			hosttest.Must(t, os.WriteFile(filepath.Join(e, PackageFile), []byte("garbage"), 0o644))
+		"manifest of an older format": func(t *testing.T, e string) {
+			p := filepath.Join(e, ManifestFile)
+			b, err := os.ReadFile(p)
+			hosttest.Must(t, err)
+			hosttest.Must(t, os.WriteFile(p, bytes.Replace(b, []byte(`"format": 2`), []byte(`"format": 1`), 1), 0o644))
 		},
 	} {
 		t.Run(name, func(t *testing.T) {

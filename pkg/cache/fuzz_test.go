@@ -14,7 +14,6 @@ import (
 // real entry.
 func FuzzReadManifest(f *testing.F) {
 	m := &Manifest{Format: ManifestFormat, Key: testKey(),
-		Package: FileSum{File: PackageFile, SHA256: strings.Repeat("0", 64)},
 		Modules: []ModuleSum{{Name: "nvidia", File: "nvidia.ko", Size: 3, SHA256: strings.Repeat("a", 64), Signed: true}}}
 	b, err := m.marshal()
 	if err != nil {
@@ -59,7 +58,6 @@ func TestReadManifest(t *testing.T) {
 	t.Parallel()
 	good := func() *Manifest {
 		return &Manifest{Format: ManifestFormat, Key: testKey(),
-			Package: FileSum{File: PackageFile, SHA256: strings.Repeat("0", 64)},
 			Modules: []ModuleSum{
 				{Name: "nvidia", File: "nvidia.ko", Size: 3, SHA256: strings.Repeat("a", 64), Signed: true},
 				{Name: "nvidia_uvm", File: "nvidia-uvm.ko", Size: 0, SHA256: strings.Repeat("b", 64)},
@@ -73,18 +71,20 @@ func TestReadManifest(t *testing.T) {
 	}{
 		{name: "good", edit: func(*Manifest) {}},
 		{name: "no build params", edit: func(m *Manifest) { m.Key.BuildParams = nil }},
-		{name: "format 2", edit: func(m *Manifest) { m.Format = 2 }, error: "format 2"},
+		{name: "format 1 (package.bin besides modules/)", edit: func(m *Manifest) { m.Format = 1 }, error: "format 1"},
+		{name: "format 3", edit: func(m *Manifest) { m.Format = 3 }, error: "format 3"},
 		{name: "empty banner", edit: func(m *Manifest) { m.Key.Banner = "" }, error: "banner"},
 		{name: "no modules", edit: func(m *Manifest) { m.Modules = nil }, error: "0 modules"},
 		{name: "file escapes", edit: func(m *Manifest) { m.Modules[0].File = "../nvidia.ko" }, error: "file name"},
-		{name: "hidden file", edit: func(m *Manifest) { m.Package.File = ".package" }, error: "file name"},
+		{name: "hidden file", edit: func(m *Manifest) { m.Modules[0].File = ".nvidia.ko" }, error: "file name"},
 		{name: "module name with a dash", edit: func(m *Manifest) { m.Modules[1].Name = "nvidia-uvm" }, error: "module name"},
 		{name: "duplicate name", edit: func(m *Manifest) { m.Modules[1].Name = "nvidia" }, error: "twice"},
 		{name: "duplicate file", edit: func(m *Manifest) { m.Modules[1].File = "nvidia.ko" }, error: "twice"},
 		{name: "upper-case sum", edit: func(m *Manifest) { m.Modules[0].SHA256 = strings.Repeat("A", 64) }, error: "sha256"},
-		{name: "short sum", edit: func(m *Manifest) { m.Package.SHA256 = "00" }, error: "sha256"},
+		{name: "short sum", edit: func(m *Manifest) { m.Modules[1].SHA256 = "00" }, error: "sha256"},
 		{name: "negative size", edit: func(m *Manifest) { m.Modules[0].Size = -1 }, error: "negative"},
-		{name: "unknown field", raw: `{"format":1,"extra":true}`, error: "unknown field"},
+		{name: "the package of format 1", raw: `{"format":2,"package":{"file":"package.bin","sha256":"00"}}`, error: "unknown field"},
+		{name: "unknown field", raw: `{"format":2,"extra":true}`, error: "unknown field"},
 		{name: "trailing data", raw: `{"format":1}{}`, error: "after the JSON object"},
 		{name: "not JSON", raw: "format = 1", error: "invalid character"},
 		{name: "empty", raw: "", error: "EOF"},

@@ -13,10 +13,15 @@ import (
 )
 
 // ManifestFormat is the manifest format version this package writes and reads.
-const ManifestFormat = 1
+// Format 1 entries also held the modules a second time, as a precompiled package; they read as
+// damaged and are replaced.
+const ManifestFormat = 2
 
 // maxManifestSize bounds what ReadManifest accepts.
 const maxManifestSize = 1 << 20
+
+// maxModuleSize bounds the size of one module (as precompiled.MaxPackageSize bounds a package).
+const maxModuleSize = 1 << 30
 
 // maxModules bounds the number of modules in one entry.
 const maxModules = 64
@@ -27,18 +32,8 @@ type Manifest struct {
 	Format int `json:"format"`
 	// Key is the key the entry was stored under.
 	Key Key `json:"key"`
-	// Package is the file name and sha256 of the entry's precompiled package.
-	Package FileSum `json:"package"`
 	// Modules are the entry's modules, in load order as stored.
 	Modules []ModuleSum `json:"modules"`
-}
-
-// FileSum is a file in an entry with its sha256.
-type FileSum struct {
-	// File is a plain file name in the entry directory.
-	File string `json:"file"`
-	// SHA256 is the lower-case hex sha256 of the file.
-	SHA256 string `json:"sha256"`
 }
 
 // ModuleSum is one module of an entry.
@@ -107,12 +102,6 @@ func (m *Manifest) validate() error {
 	}
 	if err := m.Key.validate(); err != nil {
 		return err
-	}
-	if err := checkFile(m.Package.File); err != nil {
-		return fmt.Errorf("package: %w", err)
-	}
-	if err := checkSum(m.Package.SHA256); err != nil {
-		return fmt.Errorf("package: %w", err)
 	}
 	if len(m.Modules) == 0 || len(m.Modules) > maxModules {
 		return fmt.Errorf("%d modules, want 1 to %d", len(m.Modules), maxModules)

@@ -502,9 +502,9 @@ func (nv *nvidiaRun) bareMake(t *testing.T, res compile.Result) {
 // store puts modules into the cache with cache.Store under the guest's banner, as the agent does
 // after a compile (flavour "kernel" or "kernel-open", the agent's names), and checks the entry's
 // modules: vermagic and version. The guest gets its own entry, which cache.Store makes from
-// copies without debug information (strip --strip-debug): the entry holds every module twice
-// (package.bin and modules/), nvidia-uvm.ko is mostly debug information, and the guest verifies
-// the sha256 of all of it under TCG. It returns the guest's entry.
+// copies without debug information (strip --strip-debug): nvidia-uvm.ko is mostly debug
+// information, and the guest verifies the sha256 of each module it loads under TCG. It returns
+// the guest's entry.
 func (nv *nvidiaRun) store(t *testing.T, mods []link.Module, flavour string) cache.Entry {
 	key := cache.Key{Banner: nv.banner, DriverVersion: nv.src.version, Flavor: flavour}
 	t0 := time.Now()
