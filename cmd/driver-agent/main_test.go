@@ -92,6 +92,13 @@ func TestBinary(t *testing.T) {
 				t.Errorf("%v: exit %d, stderr %q", args, code, stderr)
 			}
 		}
+		// A bad flag: the error and the usage of that command, once each.
+		for cmd, usage := range map[string]string{"init": "Usage: driver-agent init [flags]", "status": "Usage: driver-agent status [flags]"} {
+			_, stderr, code := run(t, agent, nil, cmd, "--bogus")
+			if code != 2 || strings.Count(stderr, "Usage:") != 1 || !strings.Contains(stderr, usage) || strings.Count(stderr, "-bogus") != 1 {
+				t.Errorf("%s --bogus: exit %d, stderr %q; want %q once and the error once", cmd, code, stderr, usage)
+			}
+		}
 	})
 
 	t.Run("bad config exits 3 before any side effect", func(t *testing.T) {

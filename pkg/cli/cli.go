@@ -132,7 +132,7 @@ func help(prog string, args []string, stdout, stderr io.Writer) int {
 	case args[0] == "exit-codes":
 		exitcode.WriteTable(stdout)
 	case args[0] == "init":
-		config.Usage(stdout, prog)
+		config.Usage(stdout, prog+" init")
 	case args[0] == "build":
 		buildUsage(stdout, prog)
 	case args[0] == "sysext":
@@ -156,7 +156,7 @@ func parse(prog, cmd string, args, environ []string, stderr io.Writer) (*config.
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", prog, err)
 		if errors.Is(err, exitcode.ErrUsage) {
-			config.Usage(stderr, prog)
+			config.Usage(stderr, prog+" "+cmd)
 		}
 		return nil, exitcode.Code(err)
 	}

@@ -307,7 +307,8 @@ func (v *value) IsBoolFlag() bool { return v.isBool }
 
 // Parse parses args (after the subcommand) and environ (os.Environ's form) into a Config. A malformed
 // command line returns an error wrapping exitcode.ErrUsage; bad values wrap exitcode.ErrConfig
-// with one line per problem naming the flag or variable, the value and what is allowed.
+// with one line per problem naming the flag or variable, the value and what is allowed; neither is
+// written to stderr. --help writes the usage for name to stderr and returns flag.ErrHelp.
 func Parse(name string, args []string, environ []string, stderr io.Writer) (*Config, []string, error) {
 	env := map[string]string{}
 	for _, kv := range environ {
@@ -315,8 +316,10 @@ func Parse(name string, args []string, environ []string, stderr io.Writer) (*Con
 			env[k] = v
 		}
 	}
+	// The caller reports a malformed command line once, with the usage; the flag package's own
+	// message and usage would print before it.
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs.SetOutput(io.Discard)
 	opts := Options()
 	vals := make([]*value, len(opts))
 	var script ScriptFlags
@@ -325,7 +328,7 @@ func Parse(name string, args []string, environ []string, stderr io.Writer) (*Con
 		fs.Var(vals[i], o.Flag, o.Usage+" ["+o.Env+"]")
 	}
 	registerScriptFlags(fs, &script, fs.Lookup("max-threads").Value)
-	fs.Usage = func() { Usage(stderr, name) }
+	fs.Usage = func() {}
 	isFlag := func(n string) bool { return fs.Lookup(n) != nil }
 	isBool := func(n string) bool {
 		b, ok := fs.Lookup(n).Value.(interface{ IsBoolFlag() bool })
@@ -333,6 +336,7 @@ func Parse(name string, args []string, environ []string, stderr io.Writer) (*Con
 	}
 	if err := fs.Parse(expandScriptShort(args, isFlag, isBool)); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			Usage(stderr, name)
 			return nil, nil, err
 		}
 		return nil, nil, fmt.Errorf("%w: %w", exitcode.ErrUsage, err)
@@ -430,9 +434,9 @@ func paramFileModules() []string {
 // names are not fixed).
 const NVFMUsage = "KEY=value for the fabric manager configuration (KEY must match [A-Z0-9_]+)"
 
-// Usage writes the flag reference.
+// Usage writes the flag reference for the command name (e.g. "driver-agent init").
 func Usage(w io.Writer, name string) {
-	fmt.Fprintf(w, "Usage: %s init [flags]\n\nFlags (each also read from the environment variable in brackets):\n", name)
+	fmt.Fprintf(w, "Usage: %s [flags]\n\nFlags (each also read from the environment variable in brackets):\n", name)
 	for _, o := range Options() {
 		def := ""
 		if o.Default != "" {
