@@ -368,18 +368,23 @@ func linkInterface(ctx context.Context, f *precompiled.File, iface, out, ld, com
 	if _, err := opts.Procs.Output(ctx, host.Cmd{Path: path, Args: args}); err != nil {
 		return Module{}, fmt.Errorf("link %s: %w: %s %s: %w", f.LinkedModuleName, ErrLink, ld, strings.Join(args, " "), err)
 	}
-	linked, err := os.ReadFile(out)
-	if err != nil {
+	if st, err := os.Stat(out); err != nil {
 		return Module{}, fmt.Errorf("link %s: %w", f.LinkedModuleName, err)
-	}
-	if len(linked) == 0 {
+	} else if st.Size() == 0 {
 		return Module{}, fmt.Errorf("link %s: %w: %s wrote an empty file", f.LinkedModuleName, ErrLink, ld)
 	}
 	m := Module{Name: modfile.NameFromPath(f.LinkedModuleName), Path: out}
 
 	hasSig := f.Attributes&precompiled.AttrDetachedSignature != 0 && len(f.Signature) > 0
 	hasCRC := f.Attributes&precompiled.AttrLinkedModuleCRC != 0
-	crc := precompiled.Checksum(linked)
+	var crc uint32
+	if hasSig && hasCRC { // only a stored signature needs the linked module's CRC
+		linked, err := os.ReadFile(out)
+		if err != nil {
+			return Module{}, fmt.Errorf("link %s: %w", f.LinkedModuleName, err)
+		}
+		crc = precompiled.Checksum(linked)
+	}
 	switch {
 	case hasSig && hasCRC && crc == f.LinkedModuleCRC:
 		if err := appendFile(out, f.Signature); err != nil {
