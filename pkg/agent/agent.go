@@ -93,8 +93,12 @@ type undo struct {
 // decision, loaded, devices, daemons, errors and heartbeat.
 type run struct {
 	*Agent
-	clock    daemon.Clock
-	st       status.Writer
+	clock  daemon.Clock
+	st     status.Writer // the node's status files: readiness and the digest
+	report status.Writer // status.json, through own
+	// own writes the agent's own account of the run, status.json and the journal: Host.Files, or
+	// in a dry run a recorder that nothing reads, so that the plan lists the node's changes only.
+	own      host.Files
 	src      Source
 	writeMu  sync.Mutex // serialises status.json writes
 	mu       sync.Mutex
@@ -124,7 +128,7 @@ type phase struct {
 // clean stop; otherwise an error whose class exitcode.Code maps to the exit status.
 func (a *Agent) Run(ctx context.Context) (err error) {
 	cfg := a.Config
-	r := &run{Agent: a, st: status.Writer{Files: a.Host.Files, Paths: status.Paths{Run: a.Host.Run}}}
+	r := &run{Agent: a, st: status.Writer{Files: a.Host.Files, Paths: status.Paths{Run: a.Host.Run}}, own: a.Host.Files}
 	if r.clock = a.Clock; r.clock == nil {
 		r.clock = daemon.WallClock{}
 	}
@@ -138,7 +142,10 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	a.Log.Info(fmt.Sprintf("Starting installation of NVIDIA driver version %s for Linux kernel version %s", orUnset(cfg.DriverVersion), release), "dry_run", cfg.DryRun)
 
 	if cfg.DryRun {
+		// What a dry run does differently is decided here: it takes no lock (an agent may hold
+		// it), serves no metrics and keeps no status.json or journal.
 		r.notes = append(r.notes, "would take the lock "+r.st.Paths.PIDFile())
+		r.own = &host.Recorder{}
 	} else {
 		l, err := lock.Acquire(r.st.Paths.PIDFile(), os.Getpid())
 		if err != nil {
@@ -146,23 +153,24 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 			return err
 		}
 		defer func() { err = errors.Join(err, l.Release()) }()
-	}
-	r.lastShut = previousShutdown(r.st.Paths)
-	if !cfg.DryRun && cfg.MetricsAddress != "" {
-		srv, err := metrics.Start(cfg.MetricsAddress, r, a.Log)
-		if err != nil {
-			return err
+		r.lastShut = previousShutdown(r.st.Paths)
+		if cfg.MetricsAddress != "" {
+			srv, err := metrics.Start(cfg.MetricsAddress, r, a.Log)
+			if err != nil {
+				return err
+			}
+			if a.OnListen != nil {
+				a.OnListen(srv.Addr())
+			}
+			r.push("metrics", srv.Shutdown) // runs last: scrapes see the teardown
 		}
-		if a.OnListen != nil {
-			a.OnListen(srv.Addr())
-		}
-		r.push("metrics", srv.Shutdown) // runs last: scrapes see the teardown
 	}
+	r.report = status.Writer{Files: r.own, Paths: r.st.Paths}
 	if err := r.st.SetReady(false); err != nil {
 		return err
 	}
 	r.push("start", func(context.Context) error {
-		return errors.Join(r.st.ClearReady(), r.st.Remove())
+		return errors.Join(r.st.ClearReady(), r.report.Remove())
 	})
 	r.adoptJournal()
 
@@ -242,9 +250,6 @@ func (r *run) setPhase(name string) {
 // writeStatus writes status.json from the current status. Writes are serialised and each takes
 // its snapshot inside, so the file never goes back to an older state.
 func (r *run) writeStatus() {
-	if r.Config.DryRun {
-		return
-	}
 	r.writeMu.Lock()
 	defer r.writeMu.Unlock()
 	r.mu.Lock()
@@ -253,7 +258,7 @@ func (r *run) writeStatus() {
 	s.Phases = append([]status.Timing(nil), r.status.Phases...)
 	s.Daemons = append([]status.Daemon(nil), r.status.Daemons...)
 	r.mu.Unlock()
-	if err := r.st.Write(s); err != nil {
+	if err := r.report.Write(s); err != nil {
 		r.Log.Warn("could not write status file", "error", err)
 	}
 }

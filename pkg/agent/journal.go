@@ -284,9 +284,6 @@ func (r *run) pushAdopted(j Journal) {
 // record adds a change to the journal and writes it before the change is made; the change must
 // not be made when this fails.
 func (r *run) record(add func(j *Journal)) error {
-	if r.Config.DryRun {
-		return nil
-	}
 	r.jr.mu.Lock()
 	defer r.jr.mu.Unlock()
 	next := r.jr.j
@@ -305,10 +302,10 @@ func (r *run) writeJournal(j Journal) error {
 		return err
 	}
 	path := r.journalPath()
-	if err := r.Host.Files.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	if err := r.own.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("journal: %w", err)
 	}
-	if err := r.Host.Files.WriteFile(path, append(data, '\n'), 0o644, true); err != nil {
+	if err := r.own.WriteFile(path, append(data, '\n'), 0o644, true); err != nil {
 		return fmt.Errorf("journal: %w", err)
 	}
 	return nil
@@ -381,7 +378,7 @@ func (r *run) closeJournal() {
 	defer r.jr.mu.Unlock()
 	left := r.stillThere(r.jr.j)
 	if left.empty() {
-		if err := r.Host.Files.Remove(r.journalPath()); err != nil {
+		if err := r.own.Remove(r.journalPath()); err != nil {
 			r.Log.Warn("could not remove the journal", "path", r.journalPath(), "error", err)
 		}
 		return
