@@ -158,10 +158,7 @@ func (r *run) adoptJournal() {
 	if left.empty() {
 		return
 	}
-	if r.Config.DryRun {
-		r.notes = append(r.notes, fmt.Sprintf("would adopt what the agent %d left (%s): %s", j.PID, path, describe(left)))
-		return
-	}
+	r.notes = append(r.notes, fmt.Sprintf("adopts what the agent %d left (%s) and undoes it at teardown: %s", j.PID, path, describe(left)))
 	r.Log.Info("adopting what an earlier agent left; this run undoes it at teardown", "pid", j.PID, "journal", path, "left", describe(left))
 	r.jr.mu.Lock()
 	r.jr.j = left

@@ -369,7 +369,8 @@ func TestJournalKeepsWhatStays(t *testing.T) {
 	w.assertClean(t)
 }
 
-// TestDryRunReportsTheJournal: a dry run says what it would adopt and leaves the journal.
+// TestDryRunReportsTheJournal: a dry run says what it would adopt, plans its undo, and leaves
+// the journal.
 func TestDryRunReportsTheJournal(t *testing.T) {
 	w := newWorld(t)
 	if err := w.kernel.Preload("i2c_core"); err != nil {
@@ -382,9 +383,12 @@ func TestDryRunReportsTheJournal(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !slices.ContainsFunc(p.Notes, func(n string) bool {
-		return strings.Contains(n, "would adopt what the agent 4242 left") && strings.Contains(n, "i2c_core")
+		return strings.Contains(n, "adopts what the agent 4242 left") && strings.Contains(n, "i2c_core")
 	}) {
 		t.Errorf("notes %v", p.Notes)
+	}
+	if !slices.Contains(p.Teardown, host.Action{Kind: "unload-module", Target: "i2c_core"}) {
+		t.Errorf("the plan's teardown does not unload the adopted i2c_core: %v", p.Teardown)
 	}
 	if got := w.read(t, "run/nvidia/driver-agent/journal.json"); got != j {
 		t.Errorf("journal changed: %s", got)
