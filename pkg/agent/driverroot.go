@@ -46,14 +46,6 @@ func (r *run) installModules(files []modules.File) error {
 	// In the container root, which the node sees as /run/nvidia/driver.
 	moddir := r.Host.InRoot("lib/modules", r.facts.KernelRelease)
 	dir := filepath.Join(moddir, driverRootModuleDir)
-	if r.Config.DryRun {
-		var names []string
-		for _, f := range files {
-			names = append(names, f.Image.Name)
-		}
-		r.notes = append(r.notes, fmt.Sprintf("load: would install %s into %s and write modules.dep and modules.dep.bin in %s", strings.Join(names, ", "), dir, moddir))
-		return nil
-	}
 	r.Log.Info("Installing NVIDIA driver kernel modules...", "dir", dir)
 	oldDep, depErr := kernel.ReadLimit(filepath.Join(moddir, "modules.dep"), 64<<20)
 	if depErr != nil && !errors.Is(depErr, fs.ErrNotExist) {

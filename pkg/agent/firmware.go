@@ -44,10 +44,6 @@ func (r *run) installFirmware() error {
 	if len(todo) == 0 {
 		return nil
 	}
-	if r.Config.DryRun {
-		r.notes = append(r.notes, fmt.Sprintf("would copy the GSP firmware %v from %s to %s", todo, src, dst))
-		return nil
-	}
 	var dsts []string
 	for _, name := range todo {
 		dsts = append(dsts, filepath.Join(dst, name))
