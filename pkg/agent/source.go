@@ -153,9 +153,9 @@ func (s *imageSource) Find(_ context.Context, f detect.Facts, flavor string) (De
 	if cacheDir := s.cacheDir(); cacheDir != "" {
 		// Open leaves the modules' sha256 to Prepare, which verifies each through the descriptor
 		// it is then loaded from: what is loaded is hashed once, the package (never loaded) not.
-		lookup := cache.Open
-		if s.cfg.DryRun {
-			lookup = cache.Peek // verifies all, neither removes a damaged entry nor marks a hit as used
+		lookup, damaged := cache.Open, "damaged cache entry removed; it will be rebuilt"
+		if s.cfg.DryRun { // Peek verifies all, neither removes a damaged entry nor marks a hit as used
+			lookup, damaged = cache.Peek, "damaged cache entry; a real run removes it and makes the modules again"
 		}
 		entry, ok, err := lookup(cacheDir, s.key(flavor))
 		s.count(func(st *SourceStats) {
@@ -171,11 +171,8 @@ func (s *imageSource) Find(_ context.Context, f detect.Facts, flavor string) (De
 			d.Path, d.Package = PathCached, entry.Dir
 			d.Reason = fmt.Sprintf("modules built earlier on this node for this kernel banner, driver %s and flavour %s are in the cache", s.version(), flavor)
 			return d, nil
-		case errors.Is(err, cache.ErrCorrupt) && s.cfg.DryRun:
-			s.log.Warn("damaged cache entry; a real run removes it and makes the modules again", "error", err)
-			d.Skipped = append(d.Skipped, "cache: "+err.Error())
 		case errors.Is(err, cache.ErrCorrupt):
-			s.log.Warn("damaged cache entry removed; it will be rebuilt", "error", err)
+			s.log.Warn(damaged, "error", err)
 			d.Skipped = append(d.Skipped, "cache: "+err.Error())
 		case err != nil:
 			s.log.Warn("module cache unusable", "dir", cacheDir, "error", err)
