@@ -544,8 +544,9 @@ const daemonStartTimeout = 2 * time.Minute
 
 // daemonSpecs are the daemons this node needs, in start order: nvidia-persistenced; on a vGPU
 // guest nvidia-gridd and nvidia-topologyd; then NVLSM and fabric manager on NVLink5 nodes, or
-// fabric manager on NVSwitch nodes.
-func (r *run) daemonSpecs(ctx context.Context) ([]daemon.Spec, fabric.Plan, error) {
+// fabric manager on NVSwitch nodes. With noWait the NVLink5 prerequisites are checked once,
+// not waited for.
+func (r *run) daemonSpecs(ctx context.Context, noWait bool) ([]daemon.Spec, fabric.Plan, error) {
 	pidDir := r.Host.InRoot("var/run/nvidia-persistenced")
 	specs := []daemon.Spec{{
 		Name: "nvidia-persistenced", Required: true,
@@ -561,7 +562,7 @@ func (r *run) daemonSpecs(ctx context.Context) ([]daemon.Spec, fabric.Plan, erro
 	plan, err := fabric.Prepare(ctx, fabric.Options{
 		Roots: r.Host.Roots, Files: r.Host.Files, Log: r.Log, Overrides: r.Config.NVFM,
 		ConfigCopy: r.Host.InRun("nvidia/driver-agent/fabricmanager.cfg"), PrereqTimeout: r.Config.NVLink5PrereqTimeout,
-		StopTimeout: r.Config.DaemonStopTimeout, NoWait: r.Config.DryRun, SettleTime: r.FabricSettle, Clock: r.clock,
+		StopTimeout: r.Config.DaemonStopTimeout, NoWait: noWait, SettleTime: r.FabricSettle, Clock: r.clock,
 		SwitchTrays: &r.facts.SwitchTrays,
 	})
 	if err != nil {
@@ -577,26 +578,12 @@ func (r *run) daemonSpecs(ctx context.Context) ([]daemon.Spec, fabric.Plan, erro
 }
 
 func (r *run) daemonsPhase(ctx context.Context) error {
-	specs, plan, err := r.daemonSpecs(ctx)
+	if r.Config.DryRun {
+		return r.planDaemons(ctx)
+	}
+	specs, plan, err := r.daemonSpecs(ctx, false)
 	if err != nil {
 		return err
-	}
-	if r.Config.DryRun {
-		for _, s := range specs {
-			if _, err := os.Stat(s.Cmd.Path); err != nil {
-				r.notes = append(r.notes, fmt.Sprintf("daemons: %s is not in this container root; in the driver image it is", s.Cmd.Path))
-			}
-			p, _ := r.Host.Procs.Start(ctx, s.Cmd, host.StartOptions{}) // the recorder: the plan shows the command line
-			r.push(PhaseDaemons, func(context.Context) error { return p.Signal(syscall.SIGTERM) })
-		}
-		if len(plan.Daemons) > 0 {
-			if _, err := os.Stat(r.nvidiaSMI()); err != nil {
-				r.notes = append(r.notes, fmt.Sprintf("daemons: %s is not in this container root, so the fabric state would not be checked", r.nvidiaSMI()))
-			} else {
-				r.notes = append(r.notes, fmt.Sprintf("daemons: once %s is up, would read the fabric state with %s -q and fail on a fabric failure", fabric.FabricManagerName, r.nvidiaSMI()))
-			}
-		}
-		return nil
 	}
 	childProc := r.ChildProc
 	if childProc == "" {
@@ -645,6 +632,31 @@ func (r *run) daemonsPhase(ctx context.Context) error {
 	}
 	if len(plan.Daemons) > 0 {
 		return r.checkFabric(ctx, plan)
+	}
+	return nil
+}
+
+// planDaemons is the daemons phase of a dry run: the recorder takes each daemon's command line
+// and, at teardown, its SIGTERM. The supervisor, which waits for a PID file or a readiness
+// probe, does not run, nor is the fabric state read or the NVLink5 prerequisites waited for.
+func (r *run) planDaemons(ctx context.Context) error {
+	specs, plan, err := r.daemonSpecs(ctx, true)
+	if err != nil {
+		return err
+	}
+	for _, s := range specs {
+		if _, err := os.Stat(s.Cmd.Path); err != nil {
+			r.notes = append(r.notes, fmt.Sprintf("daemons: %s is not in this container root; in the driver image it is", s.Cmd.Path))
+		}
+		p, _ := r.Host.Procs.Start(ctx, s.Cmd, host.StartOptions{}) // the recorder: the plan shows the command line
+		r.push(PhaseDaemons, func(context.Context) error { return p.Signal(syscall.SIGTERM) })
+	}
+	if len(plan.Daemons) > 0 {
+		if _, err := os.Stat(r.nvidiaSMI()); err != nil {
+			r.notes = append(r.notes, fmt.Sprintf("daemons: %s is not in this container root, so the fabric state would not be checked", r.nvidiaSMI()))
+		} else {
+			r.notes = append(r.notes, fmt.Sprintf("daemons: once %s is up, would read the fabric state with %s -q and fail on a fabric failure", fabric.FabricManagerName, r.nvidiaSMI()))
+		}
 	}
 	return nil
 }
