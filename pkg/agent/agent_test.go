@@ -864,9 +864,16 @@ func TestDryRunChangesNothing(t *testing.T) {
 	w.assertClean(t)
 	plan := out.String()
 	for _, want := range []string{"Install path: precompiled", "1 NVIDIA GPU(s): 0000:3b:00.0", "load-module nvidia (finit_module", "NVreg_EnableGpuFirmware=18",
-		"mknod " + w.roots.InDev("nvidia0") + " (c 195:0 0666)", "exec " + w.roots.InRoot("usr/bin/nvidia-persistenced") + " (--persistence-mode)", "mount " + w.roots.InRun("nvidia/driver"), "channel stable"} {
+		"mknod " + w.roots.InDev("nvidia0") + " (c 195:0 0666)", "exec " + w.roots.InRoot("usr/bin/nvidia-persistenced") + " (--persistence-mode)", "mount " + w.roots.InRun("nvidia/driver"), "channel stable",
+		"kernel/drivers/video/nvidia.ko (to <precompiled>/nvidia.ko)", "write " + w.roots.InRoot("lib/modules/6.6.95-flatcar/modules.dep.bin")} {
 		if !strings.Contains(plan, want) {
 			t.Errorf("plan lacks %q:\n%s", want, plan)
+		}
+	}
+	// The agent's own account of the run is not a change to the node.
+	for _, own := range []string{"status.json", "journal.json"} {
+		if strings.Contains(plan, own) {
+			t.Errorf("the plan lists %s:\n%s", own, plan)
 		}
 	}
 	// The teardown unloads what the plan loads (nothing is really loaded), holders first.
