@@ -115,7 +115,7 @@ type run struct {
 	inRoot   bool     // the modules are installed in the shared driver root
 	sup      *daemon.Supervisor
 	undos    []undo
-	notes    []string // dry-run findings
+	notes    []string // what the dry run's plan says besides its actions
 	jr       journal  // what this run and killed earlier ones changed (journal.go)
 }
 
