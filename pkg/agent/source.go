@@ -152,7 +152,7 @@ func (s *imageSource) Find(_ context.Context, f detect.Facts, flavor string) (De
 	}
 	if cacheDir := s.cacheDir(); cacheDir != "" {
 		// Open leaves the modules' sha256 to Prepare, which verifies each through the descriptor
-		// it is then loaded from: what is loaded is hashed once, the package (never loaded) not.
+		// it is then loaded from: what is loaded is hashed once.
 		lookup, damaged := cache.Open, "damaged cache entry removed; it will be rebuilt"
 		if s.cfg.DryRun { // Peek verifies all, neither removes a damaged entry nor marks a hit as used
 			lookup, damaged = cache.Peek, "damaged cache entry; a real run removes it and makes the modules again"
