@@ -23,6 +23,7 @@ import (
 	"github.com/driver-agent/driver-agent/pkg/kernel"
 	"github.com/driver-agent/driver-agent/pkg/lock"
 	"github.com/driver-agent/driver-agent/pkg/metrics"
+	"github.com/driver-agent/driver-agent/pkg/modules"
 	"github.com/driver-agent/driver-agent/pkg/status"
 )
 
@@ -108,11 +109,12 @@ type run struct {
 	beat     time.Time
 	facts    detect.Facts
 	decision Decision
-	images   []host.ModuleImage
-	loaded   []string // NVIDIA modules this run owns (loaded or adopted)
-	prereqs  []string // prerequisite modules this run loaded
-	devices  []string // device nodes this run created
-	inRoot   bool     // the modules are installed in the shared driver root
+	images   []host.ModuleImage // what prepare made, holding the files they load from open
+	files    []modules.File     // images ordered by their dependencies, with their .modinfo
+	loaded   []string           // NVIDIA modules this run owns (loaded or adopted)
+	prereqs  []string           // prerequisite modules this run loaded
+	devices  []string           // device nodes this run created
+	inRoot   bool               // the modules are installed in the shared driver root
 	sup      *daemon.Supervisor
 	undos    []undo
 	notes    []string // what the dry run's plan says besides its actions

@@ -1216,3 +1216,34 @@ func TestDryRunDriverExtension(t *testing.T) {
 		})
 	}
 }
+
+// unreadableSource is fakeSource with nvidia-uvm.ko not a kernel module.
+type unreadableSource struct{ fakeSource }
+
+func (s unreadableSource) Prepare(ctx context.Context, d Decision, workDir string) ([]host.ModuleImage, error) {
+	images, err := s.fakeSource.Prepare(ctx, d, workDir)
+	if err == nil {
+		err = os.WriteFile(filepath.Join(s.dir, "nvidia-uvm.ko"), []byte("not an ELF object"), 0o644)
+	}
+	return images, err
+}
+
+// TestUnreadableModuleKeepsTheLoadedDriver: the new modules are read before a driver of another
+// configuration is unloaded, so a module that cannot be read fails the start with the old driver
+// still loaded and in place.
+func TestUnreadableModuleKeepsTheLoadedDriver(t *testing.T) {
+	w := newWorld(t)
+	hosttest.Must(t, w.kernel.Preload("nvidia", "nvidia_uvm"))
+	a := w.agent(t)
+	a.Source = unreadableSource{fakeSource{dir: t.TempDir()}}
+	err := a.Run(context.Background())
+	if !errors.Is(err, exitcode.ErrModuleLoad) || !strings.Contains(err.Error(), "nvidia-uvm.ko") {
+		t.Fatalf("Run = %v, want a module load error naming nvidia-uvm.ko", err)
+	}
+	if calls := w.kernel.Calls(); len(calls) > 0 {
+		t.Errorf("kernel calls %v, want none: the loaded driver must stay", calls)
+	}
+	if got := w.kernel.Loaded(); !slices.Equal(got, []string{"nvidia", "nvidia_uvm"}) {
+		t.Errorf("loaded %v, want the old driver", got)
+	}
+}

@@ -146,9 +146,12 @@ func (r *run) prepare(ctx context.Context) error {
 		return nil
 	}
 	if r.Config.DryRun {
-		// Linking runs ld and writes files: the plan names what would be loaded instead.
+		// Linking runs ld and writes files: the plan names what would be loaded instead, modules
+		// whose .modinfo is not read.
 		for _, name := range r.decision.Modules {
-			r.images = append(r.images, host.ModuleImage{Name: name, Path: fmt.Sprintf("<%s>/%s.ko", r.decision.Path, strings.ReplaceAll(name, "_", "-"))})
+			im := host.ModuleImage{Name: name, Path: fmt.Sprintf("<%s>/%s.ko", r.decision.Path, strings.ReplaceAll(name, "_", "-"))}
+			r.images = append(r.images, im)
+			r.files = append(r.files, modules.File{Image: im})
 		}
 		if r.decision.Path == PathCompile {
 			_, err := r.source().Prepare(ctx, r.decision, "")
@@ -196,6 +199,11 @@ func (r *run) prepare(ctx context.Context) error {
 	}
 	r.images = images
 	r.push(PhasePrepare, func(context.Context) error { closeFiles(r.images); return nil }) // when load did not run
+	// Each module's .modinfo is read here, before load unloads a driver of another configuration:
+	// a module that cannot be read fails the run with that driver still loaded.
+	if r.files, err = modules.Resolve(images); err != nil {
+		return fmt.Errorf("%w: %w", exitcode.ErrModuleLoad, err)
+	}
 	return nil
 }
 
@@ -219,15 +227,7 @@ func (r *run) load(ctx context.Context) error {
 			return err
 		}
 	}
-	var files []modules.File
-	var err error
-	if r.Config.DryRun {
-		for _, im := range r.images {
-			files = append(files, modules.File{Image: im})
-		}
-	} else if files, err = modules.Resolve(r.images); err != nil {
-		return fmt.Errorf("%w: %w", exitcode.ErrModuleLoad, err)
-	}
+	files := slices.Clone(r.files)
 	if err := r.installModules(files); err != nil {
 		return err
 	}
