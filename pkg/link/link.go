@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -69,6 +70,10 @@ type Options struct {
 	// Procs runs the linker (Host.Procs: the agent's reaper, which must be the only code in the
 	// process that waits for children). Required.
 	Procs host.Procs
+	// MaxLinks bounds how many linkers run at once; zero means runtime.GOMAXPROCS(0), the CPUs
+	// the process may use (each ld is one process on one CPU: on one CPU two at once only take
+	// turns, and both finish later than one after the other).
+	MaxLinks int
 }
 
 // Module is a kernel module ready to load.
@@ -92,8 +97,8 @@ type Module struct {
 //
 //	<LD> -d -r -o <workDir>/<linked module name> <interface> <CoreObjectDir>/<core object name> [.module-common.o]
 //
-// in its own process group, killed when ctx is cancelled; the links run at the same time, and
-// the first failure (in package order) cancels the others. .module-common.o is
+// in its own process group, killed when ctx is cancelled; the links run at the same time (up
+// to Options.MaxLinks), and the first failure (in package order) cancels the others. .module-common.o is
 // merged for kernels 6.12 and newer: the package's member of that name if it
 // carries one, else CoreObjectDir/.module-common.o if that exists.
 //
@@ -168,10 +173,15 @@ func Link(ctx context.Context, p *precompiled.Package, workDir string, opts Opti
 			return nil, fmt.Errorf("link: %s: %w: the package's module carries no signature", f.Name, ErrUnsigned)
 		}
 	}
-	// The interfaces are linked at the same time (each ld is one process on one CPU); the first
-	// failure in package order is returned, and it cancels the links still running.
+	// The interfaces are linked at the same time, up to MaxLinks at once; the first failure in
+	// package order is returned, and it cancels the links still running or waiting.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	slots := opts.MaxLinks
+	if slots <= 0 {
+		slots = runtime.GOMAXPROCS(0)
+	}
+	free := make(chan struct{}, slots)
 	errs := make([]error, len(p.Files))
 	var wg sync.WaitGroup
 	for i := range p.Files {
@@ -182,6 +192,13 @@ func Link(ctx context.Context, p *precompiled.Package, workDir string, opts Opti
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			select {
+			case free <- struct{}{}:
+				defer func() { <-free }()
+			case <-ctx.Done():
+				errs[i] = fmt.Errorf("link %s: %w", f.LinkedModuleName, ctx.Err())
+				return
+			}
 			if mods[i], errs[i] = linkInterface(ctx, f, paths[i], outputs[i], ld, common, opts, log); errs[i] != nil {
 				cancel()
 			}

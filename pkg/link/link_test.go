@@ -626,7 +626,7 @@ func TestLinkRunsInterfacesTogether(t *testing.T) {
 	p, core := twoInterfaces(t, o)
 	runner := &barrierRunner{want: 2, all: make(chan struct{})}
 	work := filepath.Join(t.TempDir(), "work")
-	mods, err := Link(context.Background(), p, work, Options{CoreObjectDir: core, Procs: runner})
+	mods, err := Link(context.Background(), p, work, Options{CoreObjectDir: core, Procs: runner, MaxLinks: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -661,9 +661,45 @@ func TestLinkFailureCancelsTheOther(t *testing.T) {
 	t.Parallel()
 	o := stubs(t)
 	p, core := twoInterfaces(t, o)
-	_, err := Link(context.Background(), p, filepath.Join(t.TempDir(), "work"), Options{CoreObjectDir: core, Procs: failingRunner{}})
+	_, err := Link(context.Background(), p, filepath.Join(t.TempDir(), "work"), Options{CoreObjectDir: core, Procs: failingRunner{}, MaxLinks: 2})
 	if !errors.Is(err, ErrLink) || errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "link nvidia-modeset.ko") ||
 		!strings.Contains(err.Error(), "nv_modeset_core") {
 		t.Fatalf("err = %v; want nvidia-modeset.ko's link failure", err)
+	}
+}
+
+// overlapRunner records the most linkers it ran at once.
+type overlapRunner struct {
+	host.OSExec
+	mu            sync.Mutex
+	running, most int
+}
+
+func (r *overlapRunner) Output(ctx context.Context, c host.Cmd) ([]byte, error) {
+	r.mu.Lock()
+	r.running++
+	r.most = max(r.most, r.running)
+	r.mu.Unlock()
+	time.Sleep(50 * time.Millisecond) // long enough for a second link to start beside it
+	out, err := r.OSExec.Output(ctx, c)
+	r.mu.Lock()
+	r.running--
+	r.mu.Unlock()
+	return out, err
+}
+
+// TestLinkOneAtATime: with MaxLinks 1 (a process on one CPU) the links run one after the other,
+// and both modules come back in package order.
+func TestLinkOneAtATime(t *testing.T) {
+	t.Parallel()
+	o := stubs(t)
+	p, core := twoInterfaces(t, o)
+	runner := &overlapRunner{}
+	mods, err := Link(context.Background(), p, filepath.Join(t.TempDir(), "work"), Options{CoreObjectDir: core, Procs: runner, MaxLinks: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if runner.most != 1 || len(mods) != 2 || mods[0].Name != "nvidia" || mods[1].Name != "nvidia_modeset" {
+		t.Fatalf("%d links at once, modules %+v; want one at a time, nvidia then nvidia_modeset", runner.most, mods)
 	}
 }
