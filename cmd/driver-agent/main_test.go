@@ -80,8 +80,10 @@ func TestBinary(t *testing.T) {
 				t.Errorf("%v differs by name: %q/%q/%d vs %q/%q/%d", args, o1, e1, c1, o2, e2, c2)
 			}
 		}
-		if out, _, _ := run(t, nvidiaDriver, nil, "version"); out != "driver-agent test-1.2.3\n" {
-			t.Errorf("version = %q", out)
+		for _, args := range [][]string{{"version"}, {"--version"}} {
+			if out, _, code := run(t, nvidiaDriver, nil, args...); out != "driver-agent test-1.2.3\n" || code != 0 {
+				t.Errorf("%v = %q, exit %d", args, out, code)
+			}
 		}
 	})
 

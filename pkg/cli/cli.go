@@ -46,9 +46,12 @@ func Main(ctx context.Context, argv, environ []string, stdout, stderr io.Writer)
 		return exitcode.Code(exitcode.ErrUsage)
 	}
 	cmd := args[0]
-	if strings.HasPrefix(cmd, "-") {
+	switch {
+	case cmd == "--version" || cmd == "-version":
+		cmd, args = "version", args[1:]
+	case strings.HasPrefix(cmd, "-"):
 		cmd = "init" // the operator may replace or append args: flags alone mean init
-	} else {
+	default:
 		args = args[1:]
 	}
 	switch cmd {
@@ -96,7 +99,7 @@ Commands:
   unload      unload the NVIDIA modules (holders first); refuses while init runs
   reload_nvidia_peermem, probe_nvidia_peermem
               the GPUDirect RDMA sidecar's entrypoint and probe (the operator's names)
-  version     print the version
+  version     print the version (also --version)
   precompiled read, match, pack and unpack NVIDIA precompiled kernel-interface packages
   banner      print a kernel image's banner (the first line of /proc/version): banner --vmlinuz FILE
   build       build the kernel interfaces for one kernel and pack them into a precompiled
