@@ -18,8 +18,8 @@
 // fails; Peek verifies the same way and writes nothing (for a dry run). Open
 // is Lookup for a caller that loads the modules: it checks everything but the
 // contents, and OpenModule verifies each module's sha256 on the descriptor
-// the module is then loaded from, so what is loaded is hashed once. Prune bounds the number of entries,
-// removing the least recently used first.
+// the module is then loaded from, so what is loaded is hashed once. Prune
+// bounds the number of entries, removing the least recently used first.
 package cache
 
 import (
