@@ -121,9 +121,11 @@ type run struct {
 	jr       journal  // what this run and killed earlier ones changed (journal.go)
 }
 
+// phase is one step of init. plan, where set, stands in for run in a dry run: run would need
+// what only a real run makes (linked modules, a loaded driver, running daemons).
 type phase struct {
-	name string
-	fn   func(context.Context) error
+	name      string
+	run, plan func(context.Context) error
 }
 
 // Run executes init until ctx is cancelled (SIGTERM), then tears down. It returns nil after a
@@ -177,8 +179,9 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	r.adoptJournal()
 
 	phases := []phase{
-		{PhaseDetect, r.detect}, {PhaseDecide, r.decide}, {PhasePrepare, r.prepare}, {PhaseLoad, r.load},
-		{PhaseDevices, r.devicesPhase}, {PhaseDaemons, r.daemonsPhase}, {PhaseShareRoot, r.shareRoot}, {PhaseReady, r.ready},
+		{PhaseDetect, r.detect, nil}, {PhaseDecide, r.decide, nil}, {PhasePrepare, r.prepare, r.planPrepare},
+		{PhaseLoad, r.load, r.planLoad}, {PhaseDevices, r.devicesPhase, r.planDevices}, {PhaseDaemons, r.daemonsPhase, r.planDaemons},
+		{PhaseShareRoot, r.shareRoot, nil}, {PhaseReady, r.ready, nil},
 	}
 	runErr := r.runPhases(ctx, phases)
 	if cfg.DryRun {
@@ -278,7 +281,11 @@ func (r *run) runPhases(ctx context.Context, phases []phase) error {
 			s.Phases = append(s.Phases, status.Timing{Name: p.name, Started: start, Result: "running"})
 		})
 		r.setPhase(p.name)
-		err := p.fn(ctx)
+		step := p.run
+		if r.Config.DryRun && p.plan != nil {
+			step = p.plan
+		}
+		err := step(ctx)
 		r.update(func(s *status.Status) {
 			t := &s.Phases[len(s.Phases)-1]
 			t.Duration = r.clock.Now().Sub(start)

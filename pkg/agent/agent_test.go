@@ -882,6 +882,30 @@ func TestDryRunChangesNothing(t *testing.T) {
 	}
 }
 
+// TestDryRunWithoutTheDriver: on a node where no NVIDIA driver is loaded the device nodes'
+// majors are unknown: the plan says which nodes would be made, and plans no mknod.
+func TestDryRunWithoutTheDriver(t *testing.T) {
+	w := newWorld(t)
+	hosttest.Must(t, os.RemoveAll(w.roots.InProc("driver/nvidia")))
+	w.before = files(hosttest.Snapshot(t, w.dir))
+	a := w.agent(t, "--dry-run")
+	rec := &host.Recorder{}
+	a.Recorder, a.Host = rec, host.DryRun(w.roots, rec)
+	var out strings.Builder
+	a.Out = &out
+	if err := a.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	plan := out.String()
+	if want := "devices: once the driver is loaded, would create " + w.roots.Dev + "/nvidiactl"; !strings.Contains(plan, want) {
+		t.Errorf("plan lacks %q:\n%s", want, plan)
+	}
+	if strings.Contains(plan, "mknod") || !strings.Contains(plan, "load-module nvidia ") {
+		t.Errorf("the plan makes device nodes, or loads no driver:\n%s", plan)
+	}
+	w.assertClean(t)
+}
+
 func TestHostManagedDriver(t *testing.T) {
 	dir := hosttest.UnpackFile(t, "../../test/fixtures/talos.txtar")
 	w := &world{dir: dir, roots: hosttest.Roots(t, dir)}
@@ -949,6 +973,56 @@ func TestHostDriverWaitUsesTheClock(t *testing.T) {
 	}
 	if calls := w.kernel.Calls(); len(calls) != 0 {
 		t.Errorf("host mode touched the kernel: %v", calls)
+	}
+}
+
+// TestDryRunHostManagedDriver: on a host-managed node the dry run's load looks once for the
+// host's driver: a note when none is loaded (no wait, the clock does not move), the refusal as a
+// note when the host's version differs, and nothing planned for the kernel either way.
+func TestDryRunHostManagedDriver(t *testing.T) {
+	for _, tc := range []struct {
+		name, version, want string
+		unloaded            bool
+	}{
+		{"not loaded", "570.148.08", "load: would wait up to 5m0s for the host to load nvidia", true},
+		{"another version", "535.309.01", "load: would fail: ", false},
+		{"the image's version", "570.148.08", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := hosttest.UnpackFile(t, "../../test/fixtures/talos.txtar")
+			w := &world{dir: dir, roots: hosttest.Roots(t, dir)}
+			w.setupDaemons(t)
+			w.kernel = hosttest.NewFakeKernel(w.roots, nil)
+			w.mounter = hosttest.NewFakeMounter(w.roots)
+			if tc.unloaded {
+				hosttest.Must(t, os.RemoveAll(w.roots.InSys("module/nvidia")))
+			}
+			a := w.agent(t, "--dry-run", "--host-modules-timeout", "5m")
+			a.Config.DriverVersion = tc.version
+			rec := &host.Recorder{}
+			a.Recorder, a.Host = rec, host.DryRun(w.roots, rec)
+			start := time.Unix(1_800_000_000, 0)
+			clock := daemontest.NewInstant(start)
+			a.Clock = clock
+			var out strings.Builder
+			a.Out = &out
+			if err := a.Run(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			plan := out.String()
+			if tc.want != "" && !strings.Contains(plan, tc.want) {
+				t.Errorf("plan lacks %q:\n%s", tc.want, plan)
+			}
+			if tc.want == "" && strings.Contains(plan, "load: would") {
+				t.Errorf("the plan notes the load although the host's driver is there:\n%s", plan)
+			}
+			if strings.Contains(plan, "load-module") || strings.Contains(plan, "unload-module") {
+				t.Errorf("the plan touches the kernel on a host-managed node:\n%s", plan)
+			}
+			if waited := clock.Now().Sub(start); waited != 0 {
+				t.Errorf("the dry run waited %s on the clock", waited)
+			}
+		})
 	}
 }
 

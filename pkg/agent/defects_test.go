@@ -73,8 +73,8 @@ func storeEntry(t *testing.T, w *world, dir string) cache.Entry {
 }
 
 // TestDryRunLeavesTheCacheAlone: with the real source and the cache inside the node's tree, a
-// dry run finds a damaged entry without removing it, and a good entry without marking it used;
-// the tree's contents and every modification time are as before.
+// dry run plans to load a good entry's own modules and to mark it used, and finds a damaged entry
+// and plans its removal; the tree's contents and every modification time are as before.
 func TestDryRunLeavesTheCacheAlone(t *testing.T) {
 	w := newWorld(t)
 	cacheDir := w.roots.InHost("var/lib/nvidia-driver-agent/cache")
@@ -111,7 +111,8 @@ func TestDryRunLeavesTheCacheAlone(t *testing.T) {
 		}
 	}
 
-	dryRun("Install path: cached", "install path chosen")
+	dryRun("touch "+cache.UsedPath(entry.Dir), "install path chosen")
+	dryRun("load-module nvidia (finit_module "+entry.Dir, "install path chosen")
 
 	// Damage the entry: one byte of a module.
 	ko := entry.Modules[0].Path
@@ -123,7 +124,10 @@ func TestDryRunLeavesTheCacheAlone(t *testing.T) {
 	if err := os.WriteFile(ko, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	dryRun("Install path: compile", "damaged cache entry; a real run removes it and makes the modules again")
+	// Open sees no damage in the bytes; prepare, verifying what it would load, does: the plan
+	// removes the entry (recorded) and goes on with the compile path.
+	dryRun("remove-all "+entry.Dir, "damaged cache entry removed; it will be rebuilt")
+	dryRun("Install path: compile", "damaged cache entry removed; it will be rebuilt")
 	if _, err := os.Stat(entry.Dir); err != nil {
 		t.Errorf("the damaged entry is gone: %v", err)
 	}

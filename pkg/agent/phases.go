@@ -145,20 +145,6 @@ func (r *run) prepare(ctx context.Context) error {
 	case PathFast, PathHost:
 		return nil
 	}
-	if r.Config.DryRun {
-		// Linking runs ld and writes files: the plan names what would be loaded instead, modules
-		// whose .modinfo is not read.
-		for _, name := range r.decision.Modules {
-			im := host.ModuleImage{Name: name, Path: fmt.Sprintf("<%s>/%s.ko", r.decision.Path, strings.ReplaceAll(name, "_", "-"))}
-			r.images = append(r.images, im)
-			r.files = append(r.files, modules.File{Image: im})
-		}
-		if r.decision.Path == PathCompile {
-			_, err := r.source().Prepare(ctx, r.decision, "")
-			return err
-		}
-		return nil
-	}
 	// The work dir is the run's private scratch (see package host): created, filled by the
 	// compile and link path and removed here with os directly, never in a dry run.
 	if r.Config.WorkDir != "" {
@@ -186,13 +172,43 @@ func (r *run) prepare(ctx context.Context) error {
 		}
 		return os.RemoveAll(workDir)
 	})
+	return r.prepareModules(ctx, workDir, func(ctx context.Context) error { return r.prepareModules(ctx, workDir, nil) })
+}
+
+// planPrepare is prepare in a dry run. A cache entry's modules are opened, verified and read
+// as a real run does (that only reads; a damaged entry's removal goes to the recorder, and the
+// run decides again). Linking runs ld and writes files: for the precompiled and compile paths
+// the plan names what would be loaded instead, modules whose .modinfo is not read.
+func (r *run) planPrepare(ctx context.Context) error {
+	switch r.decision.Path {
+	case PathFast, PathHost:
+		return nil
+	case PathCached:
+		return r.prepareModules(ctx, "", r.planPrepare)
+	}
+	for _, name := range r.decision.Modules {
+		im := host.ModuleImage{Name: name, Path: fmt.Sprintf("<%s>/%s.ko", r.decision.Path, strings.ReplaceAll(name, "_", "-"))}
+		r.images = append(r.images, im)
+		r.files = append(r.files, modules.File{Image: im})
+	}
+	if r.decision.Path == PathCompile {
+		_, err := r.source().Prepare(ctx, r.decision, "")
+		return err
+	}
+	return nil
+}
+
+// prepareModules has the source make or open the decided modules and reads their .modinfo.
+// When the cache entry chosen turns out damaged (and is removed), the run decides again and
+// calls again, once: the source does not choose that entry a second time.
+func (r *run) prepareModules(ctx context.Context, workDir string, again func(context.Context) error) error {
 	images, err := r.source().Prepare(ctx, r.decision, workDir)
-	if errors.Is(err, errDamagedEntry) {
+	if errors.Is(err, errDamagedEntry) && again != nil {
 		r.Log.Warn("damaged cache entry removed; it will be rebuilt", "error", err)
 		if err := r.decide(ctx); err != nil {
 			return err
 		}
-		images, err = r.source().Prepare(ctx, r.decision, workDir)
+		return again(ctx)
 	}
 	if err != nil {
 		return err
@@ -418,20 +434,10 @@ func (r *run) waitForHostDriver(ctx context.Context) error {
 	deadline := r.clock.Now().Add(r.Config.HostModulesTimeout)
 	lastLog := time.Time{}
 	for {
-		nv, err := kernel.ReadSysModule(r.Host.Sys, "nvidia")
-		if err != nil {
+		if ok, err := r.hostDriverLoaded(); ok || err != nil {
 			return err
 		}
-		switch {
-		case nv.Loaded && (r.Config.DriverVersion == "" || nv.Version == r.Config.DriverVersion):
-			r.Log.Info("using the host's NVIDIA driver", "version", nv.Version, "why", r.decision.Reason)
-			return nil
-		case nv.Loaded:
-			return fmt.Errorf("%w: the host loaded nvidia %s, the image has %s: use the image that matches the host's driver", exitcode.ErrHostDriver, nv.Version, r.Config.DriverVersion)
-		case r.Config.DryRun:
-			r.notes = append(r.notes, "load: would wait up to "+r.Config.HostModulesTimeout.String()+" for the host to load nvidia")
-			return nil
-		case r.clock.Now().After(deadline):
+		if r.clock.Now().After(deadline) {
 			return fmt.Errorf("%w: the host manages the NVIDIA modules (%s) but nvidia is not loaded after %s", exitcode.ErrHostDriver, r.decision.Reason, r.Config.HostModulesTimeout)
 		}
 		if r.clock.Now().Sub(lastLog) > 30*time.Second {
@@ -446,6 +452,35 @@ func (r *run) waitForHostDriver(ctx context.Context) error {
 		case <-t.C():
 		}
 	}
+}
+
+// hostDriverLoaded reports whether the host has loaded nvidia; one of another version than the
+// image's is an error.
+func (r *run) hostDriverLoaded() (bool, error) {
+	nv, err := kernel.ReadSysModule(r.Host.Sys, "nvidia")
+	switch {
+	case err != nil:
+		return false, err
+	case nv.Loaded && (r.Config.DriverVersion == "" || nv.Version == r.Config.DriverVersion):
+		r.Log.Info("using the host's NVIDIA driver", "version", nv.Version, "why", r.decision.Reason)
+		return true, nil
+	case nv.Loaded:
+		return false, fmt.Errorf("%w: the host loaded nvidia %s, the image has %s: use the image that matches the host's driver", exitcode.ErrHostDriver, nv.Version, r.Config.DriverVersion)
+	}
+	return false, nil
+}
+
+// planLoad is load in a dry run: where the host manages the modules, it looks once for the
+// host's driver instead of waiting for it.
+func (r *run) planLoad(ctx context.Context) error {
+	if r.decision.Path != PathHost {
+		return r.load(ctx)
+	}
+	ok, err := r.hostDriverLoaded()
+	if err == nil && !ok {
+		r.notes = append(r.notes, "load: would wait up to "+r.Config.HostModulesTimeout.String()+" for the host to load nvidia")
+	}
+	return err
 }
 
 // unloadUndo unloads the modules this run owns; only once they are gone does it remove the
@@ -517,15 +552,7 @@ func (r *run) devicesPhase(context.Context) error {
 	if r.decision.Path == PathHost {
 		return nil
 	}
-	modeset := slices.Contains(r.loaded, "nvidia_modeset")
-	if r.Config.DryRun {
-		if _, err := os.Stat(r.Host.InProc("driver/nvidia")); err != nil {
-			r.notes = append(r.notes, fmt.Sprintf("devices: once the driver is loaded, would create %[1]s/nvidiactl, %[1]s/nvidia<N> for each GPU (%[2]d found on PCI), %[1]s/nvidia-modeset and %[1]s/nvidia-uvm{,-tools}", r.Host.Dev, len(r.facts.GPUs)))
-			return nil
-		}
-		modeset = true
-	}
-	nodes, err := devices.Plan(r.Host.Roots, modeset)
+	nodes, err := devices.Plan(r.Host.Roots, slices.Contains(r.loaded, "nvidia_modeset"))
 	if err != nil {
 		return err
 	}
@@ -537,6 +564,16 @@ func (r *run) devicesPhase(context.Context) error {
 	r.devices = append(r.devices, created...)
 	r.mu.Unlock()
 	return err
+}
+
+// planDevices is devicesPhase in a dry run: the nodes' major numbers are the loaded driver's, so
+// with none loaded the plan says what would be created.
+func (r *run) planDevices(ctx context.Context) error {
+	if _, err := os.Stat(r.Host.InProc("driver/nvidia")); err != nil && r.decision.Path != PathHost {
+		r.notes = append(r.notes, fmt.Sprintf("devices: once the driver is loaded, would create %[1]s/nvidiactl, %[1]s/nvidia<N> for each GPU (%[2]d found on PCI), %[1]s/nvidia-modeset and %[1]s/nvidia-uvm{,-tools}", r.Host.Dev, len(r.facts.GPUs)))
+		return nil
+	}
+	return r.devicesPhase(ctx)
 }
 
 // daemonStartTimeout bounds how long the agent waits for each required daemon to come up.
@@ -578,9 +615,6 @@ func (r *run) daemonSpecs(ctx context.Context, noWait bool) ([]daemon.Spec, fabr
 }
 
 func (r *run) daemonsPhase(ctx context.Context) error {
-	if r.Config.DryRun {
-		return r.planDaemons(ctx)
-	}
 	specs, plan, err := r.daemonSpecs(ctx, false)
 	if err != nil {
 		return err

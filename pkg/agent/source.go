@@ -71,10 +71,10 @@ type Source interface {
 // in the image under <root>/usr/src/nvidia-<version>/<flavor>/precompiled.
 type imageSource struct {
 	// cfg is the run's configuration: the driver version, the cache, --require-signed, the
-	// compile path's settings; with DryRun, Find must not write (the cache is only read).
+	// compile path's settings.
 	cfg        *config.Config
 	roots      host.Roots
-	files      host.Files // the build log's copy and removal, a damaged cache entry's removal
+	files      host.Files // the build log's copy and removal, a cache entry's removal and use
 	release    string
 	banner     string
 	log        *slog.Logger
@@ -147,17 +147,18 @@ func (s *imageSource) key(flavor string) cache.Key {
 func (s *imageSource) Find(_ context.Context, f detect.Facts, flavor string) (Decision, error) {
 	s.release, s.banner, s.found = f.KernelRelease, f.Banner, true
 	var d Decision
+	cacheDir := s.cacheDir()
 	if s.damaged != nil { // Prepare found the entry Find chose damaged, and removed it
 		d.Skipped = append(d.Skipped, "cache: "+s.damaged.Error())
+		cacheDir = ""                                       // not looked up again: a dry run only recorded its removal
+		s.count(func(st *SourceStats) { st.CacheMisses++ }) // the miss openCached left to count
 	}
-	if cacheDir := s.cacheDir(); cacheDir != "" {
+	if cacheDir != "" {
 		// Open leaves the modules' sha256 to Prepare, which verifies each through the descriptor
-		// it is then loaded from: what is loaded is hashed once.
-		lookup, damaged := cache.Open, "damaged cache entry removed; it will be rebuilt"
-		if s.cfg.DryRun { // Peek verifies all, neither removes a damaged entry nor marks a hit as used
-			lookup, damaged = cache.Peek, "damaged cache entry; a real run removes it and makes the modules again"
-		}
-		entry, ok, err := lookup(cacheDir, s.key(flavor))
+		// it is then loaded from: what is loaded is hashed once. Open writes nothing: the entry's
+		// removal and its use go through s.files, which a dry run records.
+		key := s.key(flavor)
+		entry, ok, err := cache.Open(cacheDir, key)
 		s.count(func(st *SourceStats) {
 			if ok {
 				st.CacheHits++
@@ -167,12 +168,17 @@ func (s *imageSource) Find(_ context.Context, f detect.Facts, flavor string) (De
 		})
 		switch {
 		case ok:
+			// Best effort: a failed touch only makes the entry look older to Prune.
+			_ = s.files.Touch(cache.UsedPath(entry.Dir))
 			s.entry = &entry
 			d.Path, d.Package = PathCached, entry.Dir
 			d.Reason = fmt.Sprintf("modules built earlier on this node for this kernel banner, driver %s and flavour %s are in the cache", s.version(), flavor)
 			return d, nil
 		case errors.Is(err, cache.ErrCorrupt):
-			s.log.Warn(damaged, "error", err)
+			if rmErr := s.files.RemoveAll(cache.Path(cacheDir, key)); rmErr != nil {
+				err = fmt.Errorf("%w; removing it failed: %w", err, rmErr)
+			}
+			s.log.Warn("damaged cache entry removed; it will be rebuilt", "error", err)
 			d.Skipped = append(d.Skipped, "cache: "+err.Error())
 		case err != nil:
 			s.log.Warn("module cache unusable", "dir", cacheDir, "error", err)
@@ -411,7 +417,7 @@ func (s *imageSource) openCached(images []host.ModuleImage) ([]host.ModuleImage,
 			err = fmt.Errorf("%w; removing it failed: %w", err, rmErr)
 		}
 		s.entry, s.damaged = nil, err
-		s.count(func(st *SourceStats) { st.CacheHits-- }) // not a hit after all: the next Find counts the miss
+		s.count(func(st *SourceStats) { st.CacheHits-- }) // not a hit after all: Find counts the miss
 		return nil, fmt.Errorf("%w: %w", errDamagedEntry, err)
 	}
 	return images, nil

@@ -15,11 +15,12 @@
 // Entries are written to a temporary directory and renamed into place, so a
 // crash never leaves a half-written entry under its final name. Lookup
 // verifies every sha256 before it returns an entry and removes an entry that
-// fails; Peek verifies the same way and writes nothing (for a dry run). Open
-// is Lookup for a caller that loads the modules: it checks everything but the
-// contents, and OpenModule verifies each module's sha256 on the descriptor
-// the module is then loaded from, so what is loaded is hashed once. Prune
-// bounds the number of entries, removing the least recently used first.
+// fails. Open is Lookup for a caller that loads the modules and writes
+// through its own seam: it checks everything but the contents and writes
+// nothing (the caller removes a damaged entry and marks a hit used), and
+// OpenModule verifies each module's sha256 on the descriptor the module is
+// then loaded from, so what is loaded is hashed once. Prune bounds the number
+// of entries, removing the least recently used first.
 package cache
 
 import (
@@ -310,17 +311,26 @@ func syncPath(path string) error {
 // A hit sets the manifest's modification time to now, so that Prune removes
 // the least recently used entries first.
 func Lookup(dir string, key Key) (Entry, bool, error) {
-	return lookup(dir, key, true, true)
+	return lookup(dir, key, true)
 }
 
-// Open is Lookup without hashing the files: the manifest, the key and every
-// module file's type (regular) and size are checked (an entry
-// that fails is removed and reported as Lookup does), their sha256 not. A
-// caller that loads the modules opens each with OpenModule, which verifies
-// it.
+// Open is Lookup without hashing the files and without writing: the
+// manifest, the key and every module file's type (regular) and size are
+// checked, their sha256 not. An entry that fails is reported as Lookup
+// reports it and left in place: the caller removes it (Path) and marks a hit
+// used (UsedPath), through its own seam for writes, so that a dry run records
+// both instead. A caller that loads the modules opens each with OpenModule,
+// which verifies it.
 func Open(dir string, key Key) (Entry, bool, error) {
-	return lookup(dir, key, true, false)
+	return lookup(dir, key, false)
 }
+
+// Path is where the entry for key is stored in dir.
+func Path(dir string, key Key) string { return filepath.Join(dir, key.Name()) }
+
+// UsedPath is the file whose modification time says when the entry in
+// entryDir was last used: Prune removes the oldest first.
+func UsedPath(entryDir string) string { return filepath.Join(entryDir, ManifestFile) }
 
 // OpenModule opens the entry's module file for the module named name and
 // verifies its size and sha256 against the manifest, reading it through the
@@ -366,27 +376,21 @@ func (e Entry) OpenModule(name string) (*os.File, error) {
 // Remove removes the entry, as Lookup does with one that fails verification.
 func (e Entry) Remove() error { return os.RemoveAll(e.Dir) }
 
-// Peek is Lookup without writing: an entry that fails verification is
-// reported the same way but left in place, and a hit leaves the manifest's
-// modification time alone. A dry run uses it.
-func Peek(dir string, key Key) (Entry, bool, error) {
-	return lookup(dir, key, false, true)
-}
-
-func lookup(dir string, key Key, write, contents bool) (Entry, bool, error) {
+// lookup is Lookup with full, Open without.
+func lookup(dir string, key Key, full bool) (Entry, bool, error) {
 	if err := key.validate(); err != nil {
 		return Entry{}, false, fmt.Errorf("cache lookup: %w: %w", ErrInvalid, err)
 	}
-	final := filepath.Join(dir, key.Name())
+	final := Path(dir, key)
 	if _, err := os.Lstat(final); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return Entry{}, false, nil
 		}
 		return Entry{}, false, fmt.Errorf("cache lookup: %w", err)
 	}
-	e, err := verify(final, key, contents)
+	e, err := verify(final, key, full)
 	if err != nil {
-		if !errors.Is(err, ErrCorrupt) || !write {
+		if !errors.Is(err, ErrCorrupt) || !full {
 			return Entry{}, false, fmt.Errorf("cache lookup: %w", err)
 		}
 		if rmErr := os.RemoveAll(final); rmErr != nil {
@@ -394,10 +398,10 @@ func lookup(dir string, key Key, write, contents bool) (Entry, bool, error) {
 		}
 		return Entry{}, false, fmt.Errorf("cache lookup: %w (removed)", err)
 	}
-	if write {
+	if full {
 		now := time.Now()
 		// Best effort: a failed touch only makes the entry look older to Prune.
-		_ = os.Chtimes(filepath.Join(final, ManifestFile), now, now)
+		_ = os.Chtimes(UsedPath(final), now, now)
 	}
 	return e, true, nil
 }
@@ -508,7 +512,7 @@ func sumOf(r io.Reader) (string, int64, error) {
 }
 
 // differs says how module contents with sha256 sum and size bytes differ from m, or nil when
-// they match: Lookup, Peek and OpenModule compare through it.
+// they match: Lookup and OpenModule compare through it.
 func (m ModuleSum) differs(sum string, size int64) error {
 	if sum == m.SHA256 && size == m.Size {
 		return nil
@@ -555,7 +559,7 @@ func Prune(dir string, maxEntries int) ([]string, error) {
 			}
 		case de.IsDir() && isKeyName(de.Name()):
 			var mtime time.Time
-			if st, err := os.Stat(filepath.Join(path, ManifestFile)); err == nil {
+			if st, err := os.Stat(UsedPath(path)); err == nil {
 				mtime = st.ModTime()
 			}
 			entries = append(entries, entry{path, mtime})

@@ -260,14 +260,31 @@ func TestDamagedEntry(t *testing.T) {
 				t.Fatal(err)
 			}
 			tc.damage(t, e.Dir)
-			// Peek (a dry run) reports the damage the same way and leaves the entry.
-			_, ok, err := Peek(dir, key)
-			if ok || !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), tc.reason) || strings.Contains(err.Error(), "removed") {
-				t.Fatalf("Peek = %v, %v; want a miss wrapping ErrCorrupt mentioning %q, not removed", ok, err, tc.reason)
+			// Open (which writes nothing) reports the damage it sees without hashing, or hits and
+			// OpenModule finds it; either way the entry is left for the caller to remove.
+			if oe, ok, err := Open(dir, key); ok {
+				found := false
+				for _, m := range oe.Manifest.Modules {
+					f, err := oe.OpenModule(m.Name)
+					if err == nil {
+						f.Close()
+						continue
+					}
+					if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), tc.reason) {
+						t.Fatalf("OpenModule(%s) = %v; want an error wrapping ErrCorrupt mentioning %q", m.Name, err, tc.reason)
+					}
+					found = true
+				}
+				if !found {
+					t.Fatal("Open hit and OpenModule verified every module: the damage went unseen")
+				}
+			} else if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), tc.reason) || strings.Contains(err.Error(), "removed") {
+				t.Fatalf("Open = %v, %v; want a miss wrapping ErrCorrupt mentioning %q, not removed", ok, err, tc.reason)
 			}
 			if _, err := os.Lstat(e.Dir); err != nil {
-				t.Fatalf("Peek removed the damaged entry: %v", err)
+				t.Fatalf("Open removed the damaged entry: %v", err)
 			}
+			var ok bool
 			_, ok, err = Lookup(dir, key)
 			if ok || !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), tc.reason) || !strings.Contains(err.Error(), "removed") {
 				t.Fatalf("Lookup = %v, %v; want a miss wrapping ErrCorrupt mentioning %q", ok, err, tc.reason)
@@ -292,9 +309,9 @@ func TestDamagedEntry(t *testing.T) {
 	}
 }
 
-// TestPeekWritesNothing: a hit through Peek leaves the manifest's modification time (Prune's
+// TestOpenWritesNothing: a hit through Open leaves the manifest's modification time (Prune's
 // recency) as it was; Lookup's hit sets it to now.
-func TestPeekWritesNothing(t *testing.T) {
+func TestOpenWritesNothing(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	e, err := Store(dir, testKey(), moduleFiles(t))
@@ -313,11 +330,11 @@ func TestPeekWritesNothing(t *testing.T) {
 		}
 		return st.ModTime()
 	}
-	if got, ok, err := Peek(dir, testKey()); !ok || err != nil || got.Dir != e.Dir {
-		t.Fatalf("Peek = %+v, %v, %v; want a hit", got, ok, err)
+	if got, ok, err := Open(dir, testKey()); !ok || err != nil || got.Dir != e.Dir {
+		t.Fatalf("Open = %+v, %v, %v; want a hit", got, ok, err)
 	}
 	if !mtime().Equal(old) {
-		t.Errorf("Peek changed the manifest's mtime to %v", mtime())
+		t.Errorf("Open changed the manifest's mtime to %v", mtime())
 	}
 	if _, ok, err := Lookup(dir, testKey()); !ok || err != nil {
 		t.Fatalf("Lookup = %v, %v; want a hit", ok, err)
@@ -534,8 +551,8 @@ func TestOpenVerifiesWhatIsLoaded(t *testing.T) {
 	}
 }
 
-// TestOpenDamagedEntry: what Open checks (manifest, key, header, module type and size) removes
-// the entry as Lookup does.
+// TestOpenDamagedEntry: what Open checks (manifest, key, header, module type and size) reports
+// the entry damaged as Lookup does, and leaves it in place at Path for the caller to remove.
 func TestOpenDamagedEntry(t *testing.T) {
 	t.Parallel()
 	for name, damage := range map[string]func(t *testing.T, e string){
@@ -566,11 +583,14 @@ func TestOpenDamagedEntry(t *testing.T) {
 				t.Fatal(err)
 			}
 			damage(t, e.Dir)
-			if _, ok, err := Open(dir, testKey()); ok || !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "removed") {
-				t.Fatalf("Open = %v, %v; want a miss wrapping ErrCorrupt, removed", ok, err)
+			if _, ok, err := Open(dir, testKey()); ok || !errors.Is(err, ErrCorrupt) || strings.Contains(err.Error(), "removed") {
+				t.Fatalf("Open = %v, %v; want a miss wrapping ErrCorrupt, not removed", ok, err)
 			}
-			if _, err := os.Lstat(e.Dir); !errors.Is(err, os.ErrNotExist) {
-				t.Errorf("damaged entry not removed: %v", err)
+			if p := Path(dir, testKey()); p != e.Dir {
+				t.Errorf("Path = %s; the entry is at %s", p, e.Dir)
+			}
+			if _, err := os.Lstat(e.Dir); err != nil {
+				t.Errorf("Open removed the damaged entry: %v", err)
 			}
 		})
 	}

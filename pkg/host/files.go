@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"time"
 )
 
 // OSFiles is the real Files implementation.
@@ -81,6 +82,12 @@ func (OSFiles) RemoveAll(path string) error { return os.RemoveAll(path) }
 
 // Link implements Files.
 func (OSFiles) Link(src, dst string) error { return os.Link(src, dst) }
+
+// Touch implements Files.
+func (OSFiles) Touch(path string) error {
+	now := time.Now()
+	return os.Chtimes(path, now, now)
+}
 
 // CopyFile implements Files.
 func (OSFiles) CopyFile(src, dst string, perm os.FileMode) error {

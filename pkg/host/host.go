@@ -110,6 +110,8 @@ type Files interface {
 	CopyFile(src, dst string, perm os.FileMode) error
 	// Link makes dst a hard link to src; dst must not exist.
 	Link(src, dst string) error
+	// Touch sets path's access and modification times to now.
+	Touch(path string) error
 }
 
 // Cmd describes a process to start.

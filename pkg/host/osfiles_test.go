@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/driver-agent/driver-agent/pkg/host"
 )
@@ -103,6 +104,26 @@ func TestOSFilesLinkAndRemoveAll(t *testing.T) {
 	}
 }
 
+// TestOSFilesTouch: Touch moves a file's modification time to now and fails on a missing path.
+func TestOSFilesTouch(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "f")
+	writeFile(t, p, "x", 0o644)
+	old := time.Now().Add(-time.Hour).Truncate(time.Second)
+	if err := os.Chtimes(p, old, old); err != nil {
+		t.Fatal(err)
+	}
+	if err := (host.OSFiles{}).Touch(p); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(p); err != nil || !st.ModTime().After(old) {
+		t.Errorf("after Touch: %v, %v; want a modification time after %v", st.ModTime(), err, old)
+	}
+	if err := (host.OSFiles{}).Touch(filepath.Join(dir, "missing")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("Touch of a missing path = %v, want ErrNotExist", err)
+	}
+}
+
 // TestRecorderFiles: the dry run's Files records each call and touches nothing.
 func TestRecorderFiles(t *testing.T) {
 	dir := t.TempDir()
@@ -110,7 +131,7 @@ func TestRecorderFiles(t *testing.T) {
 	writeFile(t, src, "data", 0o644)
 	var rec host.Recorder
 	h := host.DryRun(host.Roots{}, &rec)
-	for _, err := range []error{h.Files.CopyFile(src, dst, 0o644), h.Files.Link(src, dst), h.Files.RemoveAll(src)} {
+	for _, err := range []error{h.Files.CopyFile(src, dst, 0o644), h.Files.Link(src, dst), h.Files.Touch(src), h.Files.RemoveAll(src)} {
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -118,6 +139,7 @@ func TestRecorderFiles(t *testing.T) {
 	want := []host.Action{
 		{Kind: "copy", Target: dst, Detail: "from " + src + " 0644"},
 		{Kind: "link", Target: dst, Detail: "to " + src},
+		{Kind: "touch", Target: src},
 		{Kind: "remove-all", Target: src},
 	}
 	if got := rec.Actions(); !slices.Equal(got, want) {

@@ -11,7 +11,7 @@ import (
 
 // Action is one side effect the agent would perform.
 type Action struct {
-	Kind   string `json:"kind"`   // load-module, unload-module, mount, unmount, mknod, write, mkdir, remove, remove-all, copy, link, exec, signal
+	Kind   string `json:"kind"`   // load-module, unload-module, mount, unmount, mknod, write, mkdir, remove, remove-all, copy, link, touch, exec, signal
 	Target string `json:"target"` // what it acts on
 	Detail string `json:"detail,omitempty"`
 }
@@ -109,6 +109,9 @@ func (r *Recorder) CopyFile(src, dst string, perm os.FileMode) error {
 	r.add("copy", dst, fmt.Sprintf("from %s %#o", src, perm.Perm()))
 	return nil
 }
+
+// Touch implements Files.
+func (r *Recorder) Touch(path string) error { r.add("touch", path, ""); return nil }
 
 // Link implements Files.
 func (r *Recorder) Link(src, dst string) error { r.add("link", dst, "to "+src); return nil }
