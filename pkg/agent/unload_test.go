@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"io"
 	"log/slog"
@@ -75,6 +76,44 @@ func TestInUseAtStart(t *testing.T) {
 	if got, _ := os.ReadFile(path); !strings.HasPrefix(string(got), "driver-agent exit 10: load: ") ||
 		!strings.Contains(string(got), "driver is in use") || !strings.Contains(string(got), "pid 4242 (python3)") {
 		t.Errorf("termination log %q", got)
+	}
+	if l := w.kernel.Loaded(); !slices.Equal(l, []string{"nvidia", "nvidia_uvm", "nvidia_modeset"}) {
+		t.Errorf("loaded %v", l)
+	}
+}
+
+// TestDryRunDriverInUse: the dry run on the same node looks once and says what the real run
+// would wait for, and for how long; it waits for nothing and changes nothing.
+func TestDryRunDriverInUse(t *testing.T) {
+	w := newWorld(t)
+	hosttest.Must(t, w.kernel.Preload("nvidia", "nvidia_uvm", "nvidia_modeset"))
+	w.holdDevice(t)
+	w.before = files(hosttest.Snapshot(t, w.dir))
+	a := w.agent(t, "--dry-run", "--unload-timeout", "90s")
+	rec := &host.Recorder{}
+	a.Recorder, a.Host = rec, host.DryRun(w.roots, rec)
+	start := time.Unix(1_800_000_000, 0)
+	clock := daemontest.NewInstant(start)
+	a.Clock = clock
+	var out strings.Builder
+	a.Out = &out
+	if err := a.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	plan := out.String()
+	want := "load: would fail: driver in use: could not unload NVIDIA driver kernel modules now, driver is in use: nvidia busy; " +
+		"held by: pid 4242 (python3) has /dev/nvidia0 open; a real run retries for up to 1m30s, then leaves every module loaded"
+	if !strings.Contains(plan, want) {
+		t.Errorf("plan lacks %q:\n%s", want, plan)
+	}
+	if strings.Contains(plan, "unload-module") || strings.Contains(plan, "load-module nvidia") {
+		t.Errorf("the plan unloads or loads although the driver is in use:\n%s", plan)
+	}
+	if !clock.Now().Equal(start) || len(clock.Waits()) != 0 || len(w.kernel.Calls()) != 0 {
+		t.Errorf("clock moved %s, waits %v, kernel calls %v", clock.Now().Sub(start), clock.Waits(), w.kernel.Calls())
+	}
+	if diff := hosttest.DiffSnapshots(w.before, files(hosttest.Snapshot(t, w.dir))); diff != "" {
+		t.Errorf("the dry run changed the tree:\n%s", diff)
 	}
 	if l := w.kernel.Loaded(); !slices.Equal(l, []string{"nvidia", "nvidia_uvm", "nvidia_modeset"}) {
 		t.Errorf("loaded %v", l)

@@ -189,8 +189,9 @@ type Unloader struct {
 	// nvidia_peermem loaded by a sidecar). Without it such a holder counts as a user of the
 	// driver: nothing is removed while it is loaded.
 	UnloadForeign bool
-	// DryRun computes the order once and hands it to Host.Kernel (a recorder); the named modules
-	// that are not loaded (the dry run only pretended to load them) follow in reverse order.
+	// DryRun looks once, without waiting: when the set is in use (as Unload would find it) it
+	// says so and by whom, else it hands the order to Host.Kernel (a recorder), followed by the
+	// named modules that are not loaded (the dry run only pretended to load them) in reverse order.
 	DryRun bool
 }
 
@@ -311,8 +312,17 @@ func (u Unloader) dryRun(names []string) error {
 	if err != nil {
 		return err
 	}
-	if len(foreign) > 0 {
-		return fmt.Errorf("%w: could not unload NVIDIA driver kernel modules, driver is in use: held by %s", exitcode.ErrInUse, u.holders(foreign))
+	busy, err := externalUsers(u.Host.Sys, order, foreign)
+	if err != nil {
+		return err
+	}
+	if len(busy) > 0 || len(foreign) > 0 {
+		wait := "until the deadline"
+		if u.Timeout > 0 {
+			wait = "for up to " + u.Timeout.String()
+		}
+		return fmt.Errorf("%w: could not unload NVIDIA driver kernel modules now, driver is in use: %s busy; held by: %s; a real run retries %s, then leaves every module loaded",
+			exitcode.ErrInUse, strings.Join(busy, ", "), u.holders(foreign), wait)
 	}
 	for i := len(names) - 1; i >= 0; i-- {
 		if name := kernel.Normalize(names[i]); !slices.Contains(order, name) {

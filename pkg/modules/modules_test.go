@@ -377,6 +377,18 @@ func TestUnloadTimeoutLogsEachRetry(t *testing.T) {
 	if calls := e.kernel.Calls(); len(calls) != 0 {
 		t.Errorf("calls %v: nothing may be removed while the driver is in use", calls)
 	}
+	// The dry run looks once: it names the holder and the wait a real run would make, waits for
+	// nothing and removes nothing.
+	before, nwaits := clock.Now(), len(clock.Waits())
+	u.DryRun = true
+	err = u.Unload(context.Background(), []string{"nvidia_uvm", "nvidia"})
+	if !errors.Is(err, exitcode.ErrInUse) || !strings.Contains(err.Error(), "nvidia busy; held by: pid 4242 (python3) has /dev/nvidia0 open") ||
+		!strings.Contains(err.Error(), "retries for up to 1m0s") {
+		t.Errorf("dry run: err = %v", err)
+	}
+	if !clock.Now().Equal(before) || len(clock.Waits()) != nwaits || len(e.kernel.Calls()) != 0 {
+		t.Errorf("dry run: clock moved %s, %d waits, calls %v", clock.Now().Sub(before), len(clock.Waits())-nwaits, e.kernel.Calls())
+	}
 }
 
 // A holder module the caller did not name (gdrdrv, loaded by a sidecar) is a user of the driver:
