@@ -63,7 +63,7 @@ func Main(ctx context.Context, argv, environ []string, stdout, stderr io.Writer)
 	case "status":
 		return runStatus(prog, args, environ, stdout, stderr)
 	case "unload":
-		return runUnload(ctx, prog, args, environ, stderr)
+		return runUnload(ctx, prog, args, environ, stdout, stderr)
 	case "reload_nvidia_peermem":
 		return runReloadPeermem(ctx, prog, args, environ, stderr)
 	case "probe_nvidia_peermem":
@@ -248,13 +248,16 @@ func runStatus(prog string, args, environ []string, stdout, stderr io.Writer) in
 
 // runUnload is the one-shot unload: it takes the same lock as init, so it never pulls the driver
 // from under a running agent, and exits 10 naming the holders when the driver is in use.
-func runUnload(ctx context.Context, prog string, args, environ []string, stderr io.Writer) int {
+func runUnload(ctx context.Context, prog string, args, environ []string, stdout, stderr io.Writer) int {
 	cfg, code := parse(prog, "unload", args, environ, stderr)
 	if cfg == nil {
 		return code
 	}
 	log := newLogger(cfg, stderr)
 	paths := status.Paths{Run: cfg.Run}
+	if cfg.DryRun {
+		return planUnload(ctx, cfg, log, paths, stdout)
+	}
 	l, err := lock.Acquire(paths.PIDFile(), os.Getpid())
 	if err != nil {
 		log.Error("refusing to unload", "error", err)
@@ -274,6 +277,56 @@ func runUnload(ctx context.Context, prog string, args, environ []string, stderr 
 	}
 	if err := (status.Writer{Files: h.Files, Paths: paths}).ClearDigest(); err != nil {
 		log.Warn("could not remove the stored digest", "error", err)
+	}
+	return 0
+}
+
+// unloadPlan is what unload --dry-run prints.
+type unloadPlan struct {
+	Actions []host.Action `json:"actions"`
+	Notes   []string      `json:"notes,omitempty"`
+}
+
+// planUnload is unload --dry-run: the real unloader's order and in-use check with every change
+// recorded, not made; the lock is looked at, not taken. A refusal is a note: the exit code is 0.
+func planUnload(ctx context.Context, cfg *config.Config, log *slog.Logger, paths status.Paths, stdout io.Writer) int {
+	var p unloadPlan
+	if err := lock.Check(paths.PIDFile()); err != nil {
+		p.Notes = append(p.Notes, "would refuse to unload: "+err.Error())
+	}
+	rec := &host.Recorder{}
+	h := host.DryRun(cfg.Roots, rec)
+	var loaded []string
+	for _, name := range agent.NVIDIAModules() {
+		if m, err := kernel.ReadSysModule(cfg.Sys, name); err == nil && m.Loaded {
+			loaded = append(loaded, name)
+		}
+	}
+	if len(loaded) == 0 {
+		p.Notes = append(p.Notes, "no NVIDIA kernel module is loaded: nothing to unload")
+	} else if len(p.Notes) == 0 {
+		log.Info("Unloading NVIDIA driver kernel modules...")
+		u := modules.Unloader{Host: h, Log: log, UnloadForeign: cfg.UnloadForeignHolders, Timeout: cfg.ShutdownTimeout, DryRun: true}
+		if err := u.Unload(ctx, loaded); err != nil {
+			p.Notes = append(p.Notes, "would fail: "+err.Error())
+		} else if err := (status.Writer{Files: h.Files, Paths: paths}).ClearDigest(); err != nil {
+			p.Notes = append(p.Notes, "would fail to remove the stored digest: "+err.Error())
+		}
+	}
+	p.Actions = rec.Actions()
+	if cfg.Output == "json" {
+		return writeJSON(stdout, p)
+	}
+	var b strings.Builder
+	b.WriteString("driver-agent unload plan (dry run: nothing was changed)\n")
+	for _, a := range p.Actions {
+		fmt.Fprintf(&b, "  %s\n", a)
+	}
+	for _, n := range p.Notes {
+		fmt.Fprintf(&b, "Note: %s\n", n)
+	}
+	if _, err := io.WriteString(stdout, b.String()); err != nil {
+		return 1
 	}
 	return 0
 }

@@ -21,6 +21,10 @@ func runReloadPeermem(ctx context.Context, prog string, args, environ []string, 
 	if cfg == nil {
 		return code
 	}
+	if cfg.DryRun {
+		fmt.Fprintf(stderr, "%s: reload_nvidia_peermem has no dry run (it would load nvidia-peermem); run it without --dry-run\n", prog)
+		return exitcode.Code(exitcode.ErrUsage)
+	}
 	cacheDir := cfg.CacheDir
 	if cacheDir == "" {
 		cacheDir = cfg.Roots.InRun("nvidia/driver-agent/cache")

@@ -68,3 +68,23 @@ func (l *Lock) Release() error {
 	}
 	return errors.Join(rerr, l.f.Close())
 }
+
+// Check looks at the lock at path without taking it or creating anything: when another process
+// holds it the error wraps exitcode.ErrLockHeld and names the holder's PID, as Acquire's does.
+func Check(path string) error {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("lock: %w", err)
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); err != nil {
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return fmt.Errorf("%w: an instance of the NVIDIA driver is running (pid %s holds %s)", exitcode.ErrLockHeld, readPID(f), path)
+		}
+		return fmt.Errorf("lock %s: %w", path, err)
+	}
+	return nil // closing the file drops the shared lock
+}

@@ -25,11 +25,20 @@ func TestContention(t *testing.T) {
 	if data, _ := os.ReadFile(path); string(data) != "111\n" {
 		t.Fatalf("loser changed the PID file to %q", data)
 	}
+	if err := Check(path); !errors.Is(err, exitcode.ErrLockHeld) || !strings.Contains(err.Error(), "pid 111") {
+		t.Fatalf("Check = %v, want ErrLockHeld naming pid 111", err)
+	}
 	if err := first.Release(); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("PID file left after release: %v", err)
+	}
+	if err := Check(path); err != nil {
+		t.Fatalf("Check after release: %v", err)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("Check made the PID file: %v", err)
 	}
 	again, err := Acquire(path, 333)
 	if err != nil {

@@ -233,7 +233,8 @@ scn_in_use_at_start() {
 
 # foreign-holder: a module the agent did not load (a gdrdrv stand-in, as the GDRCopy sidecar
 # loads it) holds nvidia when SIGTERM comes: the agent leaves it and the driver loaded, names it,
-# and exits 10 within the shutdown deadline. `driver-agent unload` refuses the same way;
+# and exits 10 within the shutdown deadline. `driver-agent unload` refuses the same way (its
+# --dry-run says so, and with --unload-foreign-holders plans gdrdrv's removal, changing nothing);
 # `driver-agent unload --unload-foreign-holders` removes it and the driver.
 scn_foreign_holder() {
 	local log=/tmp/foreign.log m
@@ -254,6 +255,15 @@ scn_foreign_holder() {
 	persistenced_running && fail "nvidia-persistenced stand-in still running"
 	ready && fail "$STATUS still says Ready"
 
+	keep_log /tmp/unload-plan.log
+	driver-agent unload --dry-run >/tmp/unload-plan.log 2>&1
+	check_eq "driver-agent unload --dry-run exit code with gdrdrv loaded" "$?" 0
+	grep -q "^Note: would fail: .*module gdrdrv (not loaded by driver-agent" /tmp/unload-plan.log || fail "unload --dry-run: '$(readv /tmp/unload-plan.log | cut -c1-300)'"
+	driver-agent unload --dry-run --unload-foreign-holders >>/tmp/unload-plan.log 2>&1
+	grep -q "^  unload-module gdrdrv$" /tmp/unload-plan.log || fail "unload --dry-run --unload-foreign-holders does not plan gdrdrv's removal"
+	for m in gdrdrv nvidia nvidia_uvm nvidia_modeset; do
+		mod_loaded "$m" || fail "$m unloaded by unload --dry-run"
+	done
 	keep_log /tmp/unload.log
 	env DRIVER_AGENT_SHUTDOWN_TIMEOUT=3s driver-agent unload >/tmp/unload.log 2>&1
 	check_eq "driver-agent unload exit code with gdrdrv loaded" "$?" 10
