@@ -939,6 +939,39 @@ func TestHostManagedDriver(t *testing.T) {
 	}
 }
 
+// TestHostManagedDriverWithoutModuleUnload: on a kernel built without CONFIG_MODULE_UNLOAD
+// /sys/module/nvidia has no refcnt (seen on a node with an H200, driver 580.159.04); the host's
+// driver is still found loaded and the agent gets Ready at once.
+func TestHostManagedDriverWithoutModuleUnload(t *testing.T) {
+	dir := hosttest.UnpackFile(t, "../../test/fixtures/talos.txtar")
+	w := &world{dir: dir, roots: hosttest.Roots(t, dir)}
+	w.setupDaemons(t)
+	for _, m := range []string{"nvidia", "nvidia_uvm"} {
+		hosttest.Must(t, os.Remove(w.roots.InSys("module/"+m+"/refcnt")))
+		hosttest.Must(t, os.WriteFile(w.roots.InSys("module/"+m+"/initstate"), []byte("live\n"), 0o644))
+	}
+	hosttest.Must(t, os.RemoveAll(w.roots.InSys("module/nvidia/holders")))
+	w.kernel = hosttest.NewFakeKernel(w.roots, nil)
+	w.mounter = hosttest.NewFakeMounter(w.roots)
+	a := w.agent(t, "--host-modules-timeout", "1m")
+	a.Config.DriverVersion = "570.148.08"
+	var logBuf hosttest.LogBuffer
+	a.Log = slog.New(slog.NewTextHandler(&logBuf, nil))
+	cancel, done := startAgent(a)
+	defer cancel()
+	w.waitReady(t, done)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if logs := logBuf.String(); strings.Contains(logs, "waiting for the host to load") || !strings.Contains(logs, `msg="using the host's NVIDIA driver" version=570.148.08`) {
+		t.Errorf("the host's loaded driver was not found at once:\n%s", logs)
+	}
+	if calls := w.kernel.Calls(); len(calls) != 0 {
+		t.Errorf("host mode touched the kernel: %v", calls)
+	}
+}
+
 // With the host managing the driver and nvidia never loaded, the agent waits --host-modules-timeout
 // on its clock, polling every second and logging every 30s, then refuses with exit 8.
 func TestHostDriverWaitUsesTheClock(t *testing.T) {

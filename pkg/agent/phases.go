@@ -237,9 +237,16 @@ func (r *run) load(ctx context.Context) error {
 	}
 	if r.decision.Reload {
 		r.Log.Info("Unloading NVIDIA driver kernel modules...")
+		old, err := kernel.LoadedOf(r.Host.Sys, NVIDIAModules())
+		if err != nil {
+			return err
+		}
 		u := r.unloader()
 		u.Timeout = r.Config.UnloadTimeout
-		if err := u.Unload(ctx, NVIDIAModules()); err != nil {
+		if err := u.Unload(ctx, old); err != nil {
+			if nv, rerr := kernel.ReadSysModule(r.Host.Sys, "nvidia"); rerr == nil && nv.Loaded && !nv.Unloadable {
+				return fmt.Errorf("the loaded NVIDIA driver %s cannot be replaced: %w; with --modules=host an image of driver %[1]s uses it", nv.Version, err)
+			}
 			return err
 		}
 	}

@@ -120,6 +120,29 @@ func TestDryRunDriverInUse(t *testing.T) {
 	}
 }
 
+// TestReloadWithoutModuleUnload: a driver of another configuration on a kernel that cannot
+// unload modules is refused at once, before anything is changed, with what to do instead.
+func TestReloadWithoutModuleUnload(t *testing.T) {
+	w := newWorld(t)
+	hosttest.Must(t, w.kernel.Preload("nvidia", "nvidia_uvm"))
+	for _, m := range []string{"nvidia", "nvidia_uvm"} {
+		hosttest.Must(t, os.Remove(w.roots.InSys("module/"+m+"/refcnt")))
+		hosttest.Must(t, os.RemoveAll(w.roots.InSys("module/"+m+"/holders")))
+		hosttest.Must(t, os.WriteFile(w.roots.InSys("module/"+m+"/initstate"), []byte("live\n"), 0o644))
+	}
+	a := w.agent(t)
+	clock := daemontest.NewInstant(time.Unix(1_800_000_000, 0))
+	a.Clock = clock
+	err := a.Run(context.Background())
+	if !errors.Is(err, exitcode.ErrInUse) || !strings.Contains(err.Error(), "cannot be replaced: driver in use: nvidia, nvidia_uvm cannot be unloaded: the running kernel was built without module unloading") ||
+		!strings.Contains(err.Error(), "with --modules=host an image of driver") {
+		t.Fatalf("Run = %v", err)
+	}
+	if len(clock.Waits()) != 0 || len(w.kernel.Calls()) != 0 {
+		t.Errorf("waits %v, kernel calls %v: the refusal is at once and changes nothing", clock.Waits(), w.kernel.Calls())
+	}
+}
+
 // loadForeign loads gdrdrv, holding nvidia, as the GDRCopy sidecar does.
 func (w *world) loadForeign(t *testing.T) {
 	t.Helper()

@@ -47,7 +47,7 @@ func Table() []Entry {
 		{7, ErrBuild, "building the kernel modules failed"},
 		{8, ErrDownload, "downloading or verifying the kernel build tree failed"},
 		{9, ErrDaemon, "a required daemon (nvidia-persistenced, nv-fabricmanager, NVLSM, nvidia-gridd) failed, or the NVSwitch fabric reports a failure"},
-		{10, ErrInUse, "the driver is in use: at shutdown, or at start when a loaded driver of another configuration stays in use for --unload-timeout; modules left loaded, the holders (processes, modules the agent did not load) are logged"},
+		{10, ErrInUse, "the driver is in use: at shutdown, or at start when a loaded driver of another configuration stays in use for --unload-timeout, or the kernel cannot unload modules at all (built without CONFIG_MODULE_UNLOAD); modules left loaded, the holders (processes, modules the agent did not load) are logged"},
 		{11, ErrNoInstallPath, "no precompiled package matches, no cached build, and no way to compile"},
 		{12, ErrHostDriver, "the host manages the driver and it is not loaded, or has another version"},
 	}

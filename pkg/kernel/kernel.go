@@ -161,7 +161,10 @@ type SysModule struct {
 	RefCnt  int      // -1 when unreadable
 	Holders []string // sorted
 	Present bool     // /sys/module/<name> exists
-	Loaded  bool     // refcnt exists, i.e. a loadable module (not built in)
+	Loaded  bool     // initstate or refcnt exists, i.e. a loadable module (not built in)
+	// Unloadable: refcnt exists. A kernel built without CONFIG_MODULE_UNLOAD has no refcnt (and
+	// no holder links): its modules stay loaded until the node reboots.
+	Unloadable bool
 }
 
 // ReadSysModule reads <sys>/module/<name>.
@@ -181,8 +184,13 @@ func ReadSysModule(sys, name string) (SysModule, error) {
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return m, fmt.Errorf("module %s: %w", name, err)
 	}
-	if data, err := ReadSmall(filepath.Join(dir, "refcnt")); err == nil {
+	if _, err := os.Stat(filepath.Join(dir, "initstate")); err == nil {
 		m.Loaded = true
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return m, fmt.Errorf("module %s: %w", name, err)
+	}
+	if data, err := ReadSmall(filepath.Join(dir, "refcnt")); err == nil {
+		m.Loaded, m.Unloadable = true, true
 		if m.RefCnt, err = strconv.Atoi(strings.TrimSpace(string(data))); err != nil {
 			return m, fmt.Errorf("module %s: bad refcnt %q", name, strings.TrimSpace(string(data)))
 		}
@@ -198,6 +206,21 @@ func ReadSysModule(sys, name string) (SysModule, error) {
 	}
 	sort.Strings(m.Holders)
 	return m, nil
+}
+
+// LoadedOf returns the names of want that <sys>/module says are loaded, in want's order.
+func LoadedOf(sys string, want []string) ([]string, error) {
+	var loaded []string
+	for _, name := range want {
+		m, err := ReadSysModule(sys, name)
+		if err != nil {
+			return nil, err
+		}
+		if m.Loaded {
+			loaded = append(loaded, m.Name)
+		}
+	}
+	return loaded, nil
 }
 
 // UnloadOrder returns the modules of want that are loaded, together with every loaded module

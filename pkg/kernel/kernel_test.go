@@ -146,8 +146,31 @@ func TestUnloadOrder(t *testing.T) {
 		}
 	}
 	m, err := ReadSysModule(sys, "nvidia")
-	if err != nil || m.Version != "535.1" || m.RefCnt != 4 || len(m.Holders) != 3 {
+	if err != nil || m.Version != "535.1" || m.RefCnt != 4 || len(m.Holders) != 3 || !m.Loaded || !m.Unloadable {
 		t.Errorf("ReadSysModule = %+v, %v", m, err)
+	}
+}
+
+// TestModulesWithoutUnload: a kernel built without CONFIG_MODULE_UNLOAD (seen on a node with an
+// H200 and driver 580.159.04: /proc/modules shows "-" for the count) has no refcnt and no
+// holder links; initstate still says the module is loaded, and that it cannot be unloaded.
+func TestModulesWithoutUnload(t *testing.T) {
+	t.Parallel()
+	sys := writeTree(t, map[string]string{
+		"module/nvidia/initstate":     "live\n",
+		"module/nvidia/version":       "580.159.04\n",
+		"module/nvidia/holders/":      "",
+		"module/nvidia_uvm/initstate": "live\n",
+		"module/nvidia_uvm/version":   "580.159.04\n",
+		"module/video/parameters/":    "", // built in
+	})
+	m, err := ReadSysModule(sys, "nvidia")
+	if err != nil || !m.Loaded || m.Unloadable || m.RefCnt != -1 || m.Version != "580.159.04" {
+		t.Errorf("ReadSysModule = %+v, %v; want loaded, not unloadable, no count", m, err)
+	}
+	loaded, err := LoadedOf(sys, []string{"nvidia_drm", "nvidia-uvm", "video", "nvidia"})
+	if err != nil || !slices.Equal(loaded, []string{"nvidia_uvm", "nvidia"}) {
+		t.Errorf("LoadedOf = %v, %v", loaded, err)
 	}
 }
 

@@ -228,6 +228,9 @@ func (u Unloader) Unload(ctx context.Context, names []string) error {
 		if len(order) == 0 {
 			return nil
 		}
+		if err := unloadable(u.Host.Sys, order); err != nil {
+			return u.cannot(err)
+		}
 		if slices.Equal(order, prev) {
 			return fmt.Errorf("unload: %s still loaded although the kernel accepted their removal", strings.Join(order, ", "))
 		}
@@ -244,6 +247,8 @@ func (u Unloader) Unload(ctx context.Context, names []string) error {
 				case errors.Is(err, unix.ENOENT):
 				case errors.Is(err, unix.EBUSY), errors.Is(err, unix.EAGAIN):
 					busy = append(busy, name)
+				case errors.Is(err, unix.ENOSYS):
+					return u.cannot(noUnload([]string{name}, "delete_module: "+err.Error()))
 				default:
 					return fmt.Errorf("unload %s: %w", name, err)
 				}
@@ -312,6 +317,9 @@ func (u Unloader) dryRun(names []string) error {
 	if err != nil {
 		return err
 	}
+	if err := unloadable(u.Host.Sys, order); err != nil {
+		return err
+	}
 	busy, err := externalUsers(u.Host.Sys, order, foreign)
 	if err != nil {
 		return err
@@ -350,11 +358,42 @@ func (u Unloader) holders(foreign []string) string {
 	return strings.Join(parts, "; ")
 }
 
+// cannot logs, as inUse does for a driver in use, that the kernel cannot unload the modules.
+func (u Unloader) cannot(err error) error {
+	u.Log.Error("Could not unload NVIDIA driver kernel modules, the kernel cannot unload modules", "error", err)
+	return err
+}
+
 func (u Unloader) inUse(busy []string, held string, waited time.Duration) error {
 	u.Log.Error("Could not unload NVIDIA driver kernel modules, driver is in use", "busy", strings.Join(busy, ","), "held_by", held,
 		"waited", waited.Round(time.Millisecond))
 	return fmt.Errorf("%w: could not unload NVIDIA driver kernel modules, driver is in use: %s busy after %s; held by: %s",
 		exitcode.ErrInUse, strings.Join(busy, ", "), waited.Round(time.Second), held)
+}
+
+// unloadable fails, before anything is removed, when the running kernel cannot unload the
+// modules of order: one built without CONFIG_MODULE_UNLOAD (no refcnt; delete_module says
+// ENOSYS), where waiting does not help.
+func unloadable(sys string, order []string) error {
+	var fixed []string
+	for _, name := range order {
+		m, err := kernel.ReadSysModule(sys, name)
+		if err != nil {
+			return err
+		}
+		if m.Loaded && !m.Unloadable {
+			fixed = append(fixed, name)
+		}
+	}
+	if len(fixed) == 0 {
+		return nil
+	}
+	return noUnload(fixed, filepath.Join(sys, "module", fixed[0])+" has no refcnt")
+}
+
+func noUnload(fixed []string, evidence string) error {
+	return fmt.Errorf("%w: %s cannot be unloaded: the running kernel was built without module unloading (CONFIG_MODULE_UNLOAD; %s), so %s loaded until the node reboots",
+		exitcode.ErrInUse, strings.Join(fixed, ", "), evidence, plural(len(fixed), "it stays", "they stay"))
 }
 
 // externalUsers lists the modules of order whose reference count is more than their holders in

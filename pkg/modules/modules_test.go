@@ -504,3 +504,55 @@ func TestTreeResolveLeavesTheKernelsFormat(t *testing.T) {
 		t.Errorf("refused: %v, want the vermagic of the module's own .modinfo", err)
 	}
 }
+
+// withoutUnload makes the loaded modules look as a kernel built without CONFIG_MODULE_UNLOAD shows
+// them: initstate, no refcnt, no holder links.
+func (e *env) withoutUnload(t *testing.T, names ...string) {
+	t.Helper()
+	for _, n := range names {
+		dir := filepath.Join(e.roots.Sys, "module", n)
+		hosttest.Must(t, os.Remove(filepath.Join(dir, "refcnt")))
+		hosttest.Must(t, os.RemoveAll(filepath.Join(dir, "holders")))
+		hosttest.Must(t, os.MkdirAll(filepath.Join(dir, "holders"), 0o755))
+		hosttest.Must(t, os.WriteFile(filepath.Join(dir, "initstate"), []byte("live\n"), 0o644))
+	}
+}
+
+// On a kernel that cannot unload modules the unloader says so at once, real run or dry run:
+// no wait, no delete_module.
+func TestUnloadWithoutModuleUnload(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, map[string]hosttest.FakeModule{"nvidia_uvm": {Deps: []string{"nvidia"}}})
+	hosttest.Must(t, e.kernel.Preload("nvidia", "nvidia_uvm"))
+	e.withoutUnload(t, "nvidia", "nvidia_uvm")
+	for _, dry := range []bool{false, true} {
+		clock := daemontest.NewInstant(time.Unix(0, 0))
+		u := Unloader{Host: e.host, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Timeout: time.Minute, Clock: clock, DryRun: dry}
+		err := u.Unload(context.Background(), []string{"nvidia_uvm", "nvidia"})
+		if !errors.Is(err, exitcode.ErrInUse) || !strings.Contains(err.Error(), "nvidia, nvidia_uvm cannot be unloaded: the running kernel was built without module unloading (CONFIG_MODULE_UNLOAD") ||
+			!strings.Contains(err.Error(), "they stay loaded until the node reboots") {
+			t.Errorf("dry run %v: err = %v", dry, err)
+		}
+		if len(clock.Waits()) != 0 || len(e.kernel.Calls()) != 0 {
+			t.Errorf("dry run %v: waits %v, calls %v", dry, clock.Waits(), e.kernel.Calls())
+		}
+	}
+}
+
+// noUnloadKernel is a kernel whose delete_module is not implemented.
+type noUnloadKernel struct{ *hosttest.FakeKernel }
+
+func (noUnloadKernel) UnloadModule(string) error { return unix.ENOSYS }
+
+// A kernel that shows counts but answers ENOSYS to delete_module is explained the same way.
+func TestUnloadENOSYS(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	hosttest.Must(t, e.kernel.Preload("nvidia"))
+	e.host.Kernel = noUnloadKernel{e.kernel}
+	u := Unloader{Host: e.host, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Timeout: time.Minute, Clock: daemontest.NewInstant(time.Unix(0, 0))}
+	err := u.Unload(context.Background(), []string{"nvidia"})
+	if !errors.Is(err, exitcode.ErrInUse) || !strings.Contains(err.Error(), "nvidia cannot be unloaded: the running kernel was built without module unloading (CONFIG_MODULE_UNLOAD; delete_module: function not implemented), so it stays") {
+		t.Errorf("err = %v", err)
+	}
+}
