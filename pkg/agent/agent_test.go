@@ -964,6 +964,9 @@ func TestHostManagedDriverWithoutModuleUnload(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
+	if _, err := os.Stat(w.roots.InRun("nvidia/driver-agent")); !os.IsNotExist(err) {
+		t.Errorf("a clean stop left %s: %v", w.roots.InRun("nvidia/driver-agent"), err)
+	}
 	if logs := logBuf.String(); strings.Contains(logs, "waiting for the host to load") || !strings.Contains(logs, `msg="using the host's NVIDIA driver" version=570.148.08`) {
 		t.Errorf("the host's loaded driver was not found at once:\n%s", logs)
 	}

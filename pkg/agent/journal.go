@@ -377,6 +377,12 @@ func (r *run) closeJournal() {
 	if left.empty() {
 		if err := r.own.Remove(r.journalPath()); err != nil {
 			r.Log.Warn("could not remove the journal", "path", r.journalPath(), "error", err)
+			return
+		}
+		// status.json went first, while the journal was still beside it; the directory goes
+		// now, unless something is left in it (a failed run's status, the module cache).
+		if err := r.own.Remove(filepath.Dir(r.journalPath())); err != nil && !errors.Is(err, syscall.ENOTEMPTY) && !errors.Is(err, syscall.EEXIST) && !errors.Is(err, fs.ErrNotExist) {
+			r.Log.Warn("could not remove the agent's directory", "path", filepath.Dir(r.journalPath()), "error", err)
 		}
 		return
 	}
