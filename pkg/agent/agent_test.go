@@ -82,6 +82,44 @@ type world struct {
 	before    map[string]string
 }
 
+// newHostWorld is a world from the Talos fixture, whose host has loaded nvidia 570.148.08.
+func newHostWorld(t *testing.T) *world {
+	t.Helper()
+	dir := hosttest.UnpackFile(t, "../../test/fixtures/talos.txtar")
+	w := &world{dir: dir, roots: hosttest.Roots(t, dir)}
+	w.setupDaemons(t)
+	w.kernel = hosttest.NewFakeKernel(w.roots, nil)
+	w.mounter = hosttest.NewFakeMounter(w.roots)
+	w.before = files(hosttest.Snapshot(t, dir))
+	return w
+}
+
+// withoutModuleUnload makes the loaded modules look as a kernel built without
+// CONFIG_MODULE_UNLOAD shows them: initstate, no refcnt, no holder links.
+func (w *world) withoutModuleUnload(t *testing.T, names ...string) {
+	t.Helper()
+	for _, m := range names {
+		hosttest.Must(t, os.Remove(w.roots.InSys("module/"+m+"/refcnt")))
+		hosttest.Must(t, os.RemoveAll(w.roots.InSys("module/"+m+"/holders")))
+		hosttest.Must(t, os.WriteFile(w.roots.InSys("module/"+m+"/initstate"), []byte("live\n"), 0o644))
+	}
+}
+
+// planText runs a as a dry run on an instant clock and returns its text plan and the clock.
+func planText(t *testing.T, a *Agent) (string, *daemontest.Instant) {
+	t.Helper()
+	rec := &host.Recorder{}
+	a.Recorder, a.Host = rec, host.DryRun(a.Config.Roots, rec)
+	clock := daemontest.NewInstant(time.Unix(1_800_000_000, 0))
+	a.Clock = clock
+	var out strings.Builder
+	a.Out = &out
+	if err := a.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), clock
+}
+
 func newWorld(t *testing.T) *world {
 	t.Helper()
 	dir := hosttest.UnpackFile(t, "../../test/fixtures/flatcar-stable-gpu.txtar")
@@ -907,12 +945,7 @@ func TestDryRunWithoutTheDriver(t *testing.T) {
 }
 
 func TestHostManagedDriver(t *testing.T) {
-	dir := hosttest.UnpackFile(t, "../../test/fixtures/talos.txtar")
-	w := &world{dir: dir, roots: hosttest.Roots(t, dir)}
-	w.setupDaemons(t)
-	w.kernel = hosttest.NewFakeKernel(w.roots, nil)
-	w.mounter = hosttest.NewFakeMounter(w.roots)
-	w.before = files(hosttest.Snapshot(t, dir))
+	w := newHostWorld(t)
 
 	// The image's version differs from what the host loaded: a clear refusal, nothing touched.
 	err := w.agent(t, "--host-modules-timeout", "0s").Run(context.Background())
@@ -943,32 +976,17 @@ func TestHostManagedDriver(t *testing.T) {
 // /sys/module/nvidia has no refcnt (seen on a node with an H200, driver 580.159.04); the host's
 // driver is still found loaded and the agent gets Ready at once.
 func TestHostManagedDriverWithoutModuleUnload(t *testing.T) {
-	dir := hosttest.UnpackFile(t, "../../test/fixtures/talos.txtar")
-	w := &world{dir: dir, roots: hosttest.Roots(t, dir)}
-	w.setupDaemons(t)
-	for _, m := range []string{"nvidia", "nvidia_uvm"} {
-		hosttest.Must(t, os.Remove(w.roots.InSys("module/"+m+"/refcnt")))
-		hosttest.Must(t, os.WriteFile(w.roots.InSys("module/"+m+"/initstate"), []byte("live\n"), 0o644))
-	}
-	hosttest.Must(t, os.RemoveAll(w.roots.InSys("module/nvidia/holders")))
-	w.kernel = hosttest.NewFakeKernel(w.roots, nil)
-	w.mounter = hosttest.NewFakeMounter(w.roots)
+	w := newHostWorld(t)
+	w.withoutModuleUnload(t, "nvidia", "nvidia_uvm")
 	a := w.agent(t, "--host-modules-timeout", "1m")
 	a.Config.DriverVersion = "570.148.08"
-	var logBuf hosttest.LogBuffer
-	a.Log = slog.New(slog.NewTextHandler(&logBuf, nil))
-	cancel, done := startAgent(a)
-	defer cancel()
-	w.waitReady(t, done)
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
+	log := w.runToReady(t, a)
+	log.inOrder(t, "detected node", "using the host's NVIDIA driver", "Done, now waiting for signal")
+	if slices.Contains(log.msgs, "waiting for the host to load the NVIDIA driver") {
+		t.Errorf("the agent waited for the host's driver, which is loaded:\n%s", strings.Join(log.msgs, "\n"))
 	}
 	if _, err := os.Stat(w.roots.InRun("nvidia/driver-agent")); !os.IsNotExist(err) {
 		t.Errorf("a clean stop left %s: %v", w.roots.InRun("nvidia/driver-agent"), err)
-	}
-	if logs := logBuf.String(); strings.Contains(logs, "waiting for the host to load") || !strings.Contains(logs, `msg="using the host's NVIDIA driver" version=570.148.08`) {
-		t.Errorf("the host's loaded driver was not found at once:\n%s", logs)
 	}
 	if calls := w.kernel.Calls(); len(calls) != 0 {
 		t.Errorf("host mode touched the kernel: %v", calls)
@@ -978,11 +996,7 @@ func TestHostManagedDriverWithoutModuleUnload(t *testing.T) {
 // With the host managing the driver and nvidia never loaded, the agent waits --host-modules-timeout
 // on its clock, polling every second and logging every 30s, then refuses with exit 8.
 func TestHostDriverWaitUsesTheClock(t *testing.T) {
-	dir := hosttest.UnpackFile(t, "../../test/fixtures/talos.txtar")
-	w := &world{dir: dir, roots: hosttest.Roots(t, dir)}
-	w.setupDaemons(t)
-	w.kernel = hosttest.NewFakeKernel(w.roots, nil)
-	w.mounter = hosttest.NewFakeMounter(w.roots)
+	w := newHostWorld(t)
 	if err := os.RemoveAll(w.roots.InSys("module/nvidia")); err != nil {
 		t.Fatal(err)
 	}
@@ -1025,27 +1039,14 @@ func TestDryRunHostManagedDriver(t *testing.T) {
 		{"the image's version", "570.148.08", "", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := hosttest.UnpackFile(t, "../../test/fixtures/talos.txtar")
-			w := &world{dir: dir, roots: hosttest.Roots(t, dir)}
-			w.setupDaemons(t)
-			w.kernel = hosttest.NewFakeKernel(w.roots, nil)
-			w.mounter = hosttest.NewFakeMounter(w.roots)
+			w := newHostWorld(t)
 			if tc.unloaded {
 				hosttest.Must(t, os.RemoveAll(w.roots.InSys("module/nvidia")))
 			}
 			a := w.agent(t, "--dry-run", "--host-modules-timeout", "5m")
 			a.Config.DriverVersion = tc.version
-			rec := &host.Recorder{}
-			a.Recorder, a.Host = rec, host.DryRun(w.roots, rec)
 			start := time.Unix(1_800_000_000, 0)
-			clock := daemontest.NewInstant(start)
-			a.Clock = clock
-			var out strings.Builder
-			a.Out = &out
-			if err := a.Run(context.Background()); err != nil {
-				t.Fatal(err)
-			}
-			plan := out.String()
+			plan, clock := planText(t, a)
 			if tc.want != "" && !strings.Contains(plan, tc.want) {
 				t.Errorf("plan lacks %q:\n%s", tc.want, plan)
 			}

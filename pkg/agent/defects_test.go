@@ -197,11 +197,7 @@ func TestScrapesThroughoutEveryPath(t *testing.T) {
 			return w, w.agent(t), false
 		},
 		"host": func(t *testing.T) (*world, *Agent, bool) {
-			dir := hosttest.UnpackFile(t, "../../test/fixtures/talos.txtar")
-			w := &world{dir: dir, roots: hosttest.Roots(t, dir)}
-			w.setupDaemons(t)
-			w.kernel = hosttest.NewFakeKernel(w.roots, nil)
-			w.mounter = hosttest.NewFakeMounter(w.roots)
+			w := newHostWorld(t)
 			a := w.agent(t)
 			a.Config.DriverVersion = "570.148.08"
 			return w, a, false

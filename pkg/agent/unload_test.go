@@ -89,18 +89,8 @@ func TestDryRunDriverInUse(t *testing.T) {
 	hosttest.Must(t, w.kernel.Preload("nvidia", "nvidia_uvm", "nvidia_modeset"))
 	w.holdDevice(t)
 	w.before = files(hosttest.Snapshot(t, w.dir))
-	a := w.agent(t, "--dry-run", "--unload-timeout", "90s")
-	rec := &host.Recorder{}
-	a.Recorder, a.Host = rec, host.DryRun(w.roots, rec)
 	start := time.Unix(1_800_000_000, 0)
-	clock := daemontest.NewInstant(start)
-	a.Clock = clock
-	var out strings.Builder
-	a.Out = &out
-	if err := a.Run(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	plan := out.String()
+	plan, clock := planText(t, w.agent(t, "--dry-run", "--unload-timeout", "90s"))
 	want := "load: would fail: driver in use: could not unload NVIDIA driver kernel modules now, driver is in use: nvidia busy; " +
 		"held by: pid 4242 (python3) has /dev/nvidia0 open; a real run retries for up to 1m30s, then leaves every module loaded"
 	if !strings.Contains(plan, want) {
@@ -125,11 +115,7 @@ func TestDryRunDriverInUse(t *testing.T) {
 func TestReloadWithoutModuleUnload(t *testing.T) {
 	w := newWorld(t)
 	hosttest.Must(t, w.kernel.Preload("nvidia", "nvidia_uvm"))
-	for _, m := range []string{"nvidia", "nvidia_uvm"} {
-		hosttest.Must(t, os.Remove(w.roots.InSys("module/"+m+"/refcnt")))
-		hosttest.Must(t, os.RemoveAll(w.roots.InSys("module/"+m+"/holders")))
-		hosttest.Must(t, os.WriteFile(w.roots.InSys("module/"+m+"/initstate"), []byte("live\n"), 0o644))
-	}
+	w.withoutModuleUnload(t, "nvidia", "nvidia_uvm")
 	a := w.agent(t)
 	clock := daemontest.NewInstant(time.Unix(1_800_000_000, 0))
 	a.Clock = clock
