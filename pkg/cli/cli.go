@@ -296,15 +296,13 @@ func planUnload(ctx context.Context, cfg *config.Config, log *slog.Logger, paths
 	}
 	rec := &host.Recorder{}
 	h := host.DryRun(cfg.Roots, rec)
-	var loaded []string
-	for _, name := range agent.NVIDIAModules() {
-		if m, err := kernel.ReadSysModule(cfg.Sys, name); err == nil && m.Loaded {
-			loaded = append(loaded, name)
-		}
-	}
-	if len(loaded) == 0 {
+	loaded, err := kernel.LoadedOf(cfg.Sys, agent.NVIDIAModules())
+	switch {
+	case err != nil:
+		p.Notes = append(p.Notes, "would fail: "+err.Error())
+	case len(loaded) == 0:
 		p.Notes = append(p.Notes, "no NVIDIA kernel module is loaded: nothing to unload")
-	} else if len(p.Notes) == 0 {
+	case len(p.Notes) == 0:
 		log.Info("Unloading NVIDIA driver kernel modules...")
 		u := modules.Unloader{Host: h, Log: log, UnloadForeign: cfg.UnloadForeignHolders, Timeout: cfg.ShutdownTimeout, DryRun: true}
 		if err := u.Unload(ctx, loaded); err != nil {
