@@ -237,15 +237,12 @@ func (r *run) load(ctx context.Context) error {
 	}
 	if r.decision.Reload {
 		r.Log.Info("Unloading NVIDIA driver kernel modules...")
-		old, err := kernel.LoadedOf(r.Host.Sys, NVIDIAModules())
-		if err != nil {
-			return err
-		}
 		u := r.unloader()
 		u.Timeout = r.Config.UnloadTimeout
-		if err := u.Unload(ctx, old); err != nil {
-			if nv, rerr := kernel.ReadSysModule(r.Host.Sys, "nvidia"); rerr == nil && nv.Loaded && !nv.Unloadable {
-				return fmt.Errorf("the loaded NVIDIA driver %s cannot be replaced: %w; with --modules=host an image of driver %[1]s uses it", nv.Version, err)
+		if err := u.Unload(ctx, NVIDIAModules()); err != nil {
+			if nu := (*modules.NoUnloadError)(nil); errors.As(err, &nu) {
+				v := r.facts.Modules["nvidia"].Version
+				return fmt.Errorf("the loaded NVIDIA driver %s cannot be replaced: %w; with --modules=host an image of driver %[1]s uses it", v, err)
 			}
 			return err
 		}
@@ -494,7 +491,9 @@ func (r *run) planLoad(ctx context.Context) error {
 // device nodes and the stored digest, which stay valid while the driver is in use.
 func (r *run) unloadUndo(ctx context.Context) error {
 	r.Log.Info("Unloading NVIDIA driver kernel modules...")
-	if err := r.unloader().Unload(ctx, r.loaded); err != nil {
+	u := r.unloader()
+	u.Pretended = r.loaded // in a dry run these were never loaded
+	if err := u.Unload(ctx, r.loaded); err != nil {
 		return err
 	}
 	return errors.Join(devices.Remove(r.Host, r.devices), r.st.ClearDigest())

@@ -110,6 +110,25 @@ func TestDryRunDriverInUse(t *testing.T) {
 	}
 }
 
+// TestDryRunReloadPlansWhatIsLoaded: the plan unloads the old driver's loaded modules, holders
+// first, and none that is not loaded (on the GPU node it once planned nvidia_modeset,
+// nvidia_peermem and nvidia_drm, which were not there, after nvidia).
+func TestDryRunReloadPlansWhatIsLoaded(t *testing.T) {
+	w := newWorld(t)
+	hosttest.Must(t, w.kernel.Preload("nvidia", "nvidia_uvm"))
+	plan, _ := planText(t, w.agent(t, "--dry-run"))
+	steps, _, _ := strings.Cut(plan, "On SIGTERM:")
+	var unloads []string
+	for _, l := range strings.Split(steps, "\n") {
+		if _, m, ok := strings.Cut(l, "unload-module "); ok {
+			unloads = append(unloads, m)
+		}
+	}
+	if !slices.Equal(unloads, []string{"nvidia_uvm", "nvidia"}) {
+		t.Errorf("the plan unloads %v before loading, want [nvidia_uvm nvidia]:\n%s", unloads, plan)
+	}
+}
+
 // TestReloadWithoutModuleUnload: a driver of another configuration on a kernel that cannot
 // unload modules is refused at once, before anything is changed, with what to do instead.
 func TestReloadWithoutModuleUnload(t *testing.T) {

@@ -296,19 +296,18 @@ func planUnload(ctx context.Context, cfg *config.Config, log *slog.Logger, paths
 	}
 	rec := &host.Recorder{}
 	h := host.DryRun(cfg.Roots, rec)
-	loaded, err := kernel.LoadedOf(cfg.Sys, agent.NVIDIAModules())
-	switch {
-	case err != nil:
-		p.Notes = append(p.Notes, "would fail: "+err.Error())
-	case len(loaded) == 0:
-		p.Notes = append(p.Notes, "no NVIDIA kernel module is loaded: nothing to unload")
-	case len(p.Notes) == 0:
+	if len(p.Notes) == 0 {
 		log.Info("Unloading NVIDIA driver kernel modules...")
 		u := modules.Unloader{Host: h, Log: log, UnloadForeign: cfg.UnloadForeignHolders, Timeout: cfg.ShutdownTimeout, DryRun: true}
-		if err := u.Unload(ctx, loaded); err != nil {
+		if err := u.Unload(ctx, agent.NVIDIAModules()); err != nil {
 			p.Notes = append(p.Notes, "would fail: "+err.Error())
-		} else if err := (status.Writer{Files: h.Files, Paths: paths}).ClearDigest(); err != nil {
-			p.Notes = append(p.Notes, "would fail to remove the stored digest: "+err.Error())
+		} else {
+			if len(rec.Actions()) == 0 {
+				p.Notes = append(p.Notes, "no NVIDIA kernel module is loaded: nothing to unload")
+			}
+			if err := (status.Writer{Files: h.Files, Paths: paths}).ClearDigest(); err != nil {
+				p.Notes = append(p.Notes, "would fail to remove the stored digest: "+err.Error())
+			}
 		}
 	}
 	p.Actions = rec.Actions()

@@ -208,21 +208,6 @@ func ReadSysModule(sys, name string) (SysModule, error) {
 	return m, nil
 }
 
-// LoadedOf returns the names of want that <sys>/module says are loaded, in want's order.
-func LoadedOf(sys string, want []string) ([]string, error) {
-	var loaded []string
-	for _, name := range want {
-		m, err := ReadSysModule(sys, name)
-		if err != nil {
-			return nil, err
-		}
-		if m.Loaded {
-			loaded = append(loaded, m.Name)
-		}
-	}
-	return loaded, nil
-}
-
 // UnloadOrder returns the modules of want that are loaded, together with every loaded module
 // that holds one of them (directly or through others), ordered so that each module comes
 // before every module it holds a reference on: the order in which delete_module can succeed.

@@ -168,9 +168,9 @@ func TestModulesWithoutUnload(t *testing.T) {
 	if err != nil || !m.Loaded || m.Unloadable || m.RefCnt != -1 || m.Version != "580.159.04" {
 		t.Errorf("ReadSysModule = %+v, %v; want loaded, not unloadable, no count", m, err)
 	}
-	loaded, err := LoadedOf(sys, []string{"nvidia_drm", "nvidia-uvm", "video", "nvidia"})
-	if err != nil || !slices.Equal(loaded, []string{"nvidia_uvm", "nvidia"}) {
-		t.Errorf("LoadedOf = %v, %v", loaded, err)
+	order, err := UnloadOrder(sys, []string{"nvidia_drm", "nvidia-uvm", "video", "nvidia"})
+	if err != nil || !slices.Equal(order, []string{"nvidia", "nvidia_uvm"}) {
+		t.Errorf("UnloadOrder = %v, %v; want the two loaded modules, nothing built in or absent", order, err)
 	}
 }
 

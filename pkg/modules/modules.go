@@ -190,9 +190,12 @@ type Unloader struct {
 	// driver: nothing is removed while it is loaded.
 	UnloadForeign bool
 	// DryRun looks once, without waiting: when the set is in use (as Unload would find it) it
-	// says so and by whom, else it hands the order to Host.Kernel (a recorder), followed by the
-	// named modules that are not loaded (the dry run only pretended to load them) in reverse order.
+	// says so and by whom, else it hands the order to Host.Kernel (a recorder), followed by
+	// Pretended.
 	DryRun bool
+	// Pretended are, in a dry run, the modules the dry run only pretended to load: not in
+	// /sys/module, they are planned after the loaded ones, in reverse order.
+	Pretended []string
 }
 
 // Unload removes names and their holders. Nothing is removed while the set is in use from
@@ -228,15 +231,15 @@ func (u Unloader) Unload(ctx context.Context, names []string) error {
 		if len(order) == 0 {
 			return nil
 		}
-		if err := unloadable(u.Host.Sys, order); err != nil {
-			return u.cannot(err)
-		}
 		if slices.Equal(order, prev) {
 			return fmt.Errorf("unload: %s still loaded although the kernel accepted their removal", strings.Join(order, ", "))
 		}
-		busy, err := externalUsers(u.Host.Sys, order, foreign)
+		busy, fixed, err := inspect(u.Host.Sys, order, foreign)
 		if err != nil {
 			return err
+		}
+		if len(fixed) > 0 {
+			return u.cannot(noUnload(u.Host.Sys, fixed))
 		}
 		if len(busy) == 0 {
 			for _, name := range order {
@@ -248,7 +251,7 @@ func (u Unloader) Unload(ctx context.Context, names []string) error {
 				case errors.Is(err, unix.EBUSY), errors.Is(err, unix.EAGAIN):
 					busy = append(busy, name)
 				case errors.Is(err, unix.ENOSYS):
-					return u.cannot(noUnload([]string{name}, "delete_module: "+err.Error()))
+					return u.cannot(&NoUnloadError{Modules: []string{name}, Evidence: "delete_module: " + err.Error()})
 				default:
 					return fmt.Errorf("unload %s: %w", name, err)
 				}
@@ -317,12 +320,12 @@ func (u Unloader) dryRun(names []string) error {
 	if err != nil {
 		return err
 	}
-	if err := unloadable(u.Host.Sys, order); err != nil {
-		return err
-	}
-	busy, err := externalUsers(u.Host.Sys, order, foreign)
+	busy, fixed, err := inspect(u.Host.Sys, order, foreign)
 	if err != nil {
 		return err
+	}
+	if len(fixed) > 0 {
+		return noUnload(u.Host.Sys, fixed)
 	}
 	if len(busy) > 0 || len(foreign) > 0 {
 		wait := "until the deadline"
@@ -332,8 +335,8 @@ func (u Unloader) dryRun(names []string) error {
 		return fmt.Errorf("%w: could not unload NVIDIA driver kernel modules now, driver is in use: %s busy; held by: %s; a real run retries %s, then leaves every module loaded",
 			exitcode.ErrInUse, strings.Join(busy, ", "), u.holders(foreign), wait)
 	}
-	for i := len(names) - 1; i >= 0; i-- {
-		if name := kernel.Normalize(names[i]); !slices.Contains(order, name) {
+	for i := len(u.Pretended) - 1; i >= 0; i-- {
+		if name := kernel.Normalize(u.Pretended[i]); !slices.Contains(order, name) {
 			order = append(order, name)
 		}
 	}
@@ -371,50 +374,51 @@ func (u Unloader) inUse(busy []string, held string, waited time.Duration) error 
 		exitcode.ErrInUse, strings.Join(busy, ", "), waited.Round(time.Second), held)
 }
 
-// unloadable fails, before anything is removed, when the running kernel cannot unload the
-// modules of order: one built without CONFIG_MODULE_UNLOAD (no refcnt; delete_module says
-// ENOSYS), where waiting does not help.
-func unloadable(sys string, order []string) error {
-	var fixed []string
-	for _, name := range order {
-		m, err := kernel.ReadSysModule(sys, name)
-		if err != nil {
-			return err
-		}
-		if m.Loaded && !m.Unloadable {
-			fixed = append(fixed, name)
-		}
-	}
-	if len(fixed) == 0 {
-		return nil
-	}
-	return noUnload(fixed, filepath.Join(sys, "module", fixed[0])+" has no refcnt")
+// NoUnloadError is the refusal of a kernel that cannot unload modules at all: one built without
+// CONFIG_MODULE_UNLOAD (no refcnt in /sys/module; delete_module says ENOSYS), where waiting does
+// not help. It is an exitcode.ErrInUse: the modules stay loaded.
+type NoUnloadError struct {
+	Modules  []string
+	Evidence string // what shows it
 }
 
-func noUnload(fixed []string, evidence string) error {
-	return fmt.Errorf("%w: %s cannot be unloaded: the running kernel was built without module unloading (CONFIG_MODULE_UNLOAD; %s), so %s loaded until the node reboots",
-		exitcode.ErrInUse, strings.Join(fixed, ", "), evidence, plural(len(fixed), "it stays", "they stay"))
+func (e *NoUnloadError) Error() string {
+	return fmt.Sprintf("%v: %s cannot be unloaded: the running kernel was built without module unloading (CONFIG_MODULE_UNLOAD; %s), so %s loaded until the node reboots",
+		exitcode.ErrInUse, strings.Join(e.Modules, ", "), e.Evidence, plural(len(e.Modules), "it stays", "they stay"))
 }
 
-// externalUsers lists the modules of order whose reference count is more than their holders in
-// the set explain (something outside the set, an open device or another subsystem, uses them), or
-// that a foreign holder module holds.
-func externalUsers(sys string, order, foreign []string) ([]string, error) {
-	var busy []string
+func (e *NoUnloadError) Unwrap() error { return exitcode.ErrInUse }
+
+func noUnload(sys string, fixed []string) error {
+	return &NoUnloadError{Modules: fixed, Evidence: filepath.Join(sys, "module", fixed[0]) + " has no refcnt"}
+}
+
+// inspect reads each module of order once and lists those whose reference count is more than
+// their holders in the set explain (something outside the set, an open device or another
+// subsystem, uses them) or that a foreign holder module holds (busy), and those the running
+// kernel cannot unload (fixed).
+func inspect(sys string, order, foreign []string) (busy, fixed []string, err error) {
 	for _, name := range order {
 		if slices.Contains(foreign, name) {
 			continue
 		}
 		m, err := kernel.ReadSysModule(sys, name)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
+		}
+		if !m.Loaded {
+			continue // gone since the order was read
+		}
+		if !m.Unloadable {
+			fixed = append(fixed, name)
+			continue
 		}
 		held := slices.ContainsFunc(m.Holders, func(h string) bool { return slices.Contains(foreign, h) })
 		if m.RefCnt > len(m.Holders) || held {
 			busy = append(busy, name)
 		}
 	}
-	return busy, nil
+	return busy, fixed, nil
 }
 
 // User is a process that holds an NVIDIA device open.
