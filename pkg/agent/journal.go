@@ -13,11 +13,11 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/driver-agent/driver-agent/pkg/devices"
+	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/kernel"
 	"github.com/driver-agent/driver-agent/pkg/modules"
 )
@@ -260,9 +260,7 @@ func (r *run) pushAdopted(j Journal) {
 				errs = append(errs, r.Host.Files.Remove(p))
 			}
 			for i := len(j.FirmwareDirs) - 1; i >= 0; i-- {
-				if err := r.Host.Files.Remove(j.FirmwareDirs[i]); err != nil && !errors.Is(err, syscall.ENOTEMPTY) && !errors.Is(err, syscall.EEXIST) {
-					errs = append(errs, err)
-				}
+				errs = append(errs, host.RemoveIfEmpty(r.Host.Files, j.FirmwareDirs[i]))
 			}
 			return errors.Join(errs...)
 		})
@@ -381,7 +379,7 @@ func (r *run) closeJournal() {
 		}
 		// status.json went first, while the journal was still beside it; the directory goes
 		// now, unless something is left in it (a failed run's status, the module cache).
-		if err := r.own.Remove(filepath.Dir(r.journalPath())); err != nil && !errors.Is(err, syscall.ENOTEMPTY) && !errors.Is(err, syscall.EEXIST) && !errors.Is(err, fs.ErrNotExist) {
+		if err := host.RemoveIfEmpty(r.own, filepath.Dir(r.journalPath())); err != nil {
 			r.Log.Warn("could not remove the agent's directory", "path", filepath.Dir(r.journalPath()), "error", err)
 		}
 		return

@@ -10,7 +10,6 @@ import (
 	"runtime"
 	"sort"
 	"strings"
-	"syscall"
 
 	"github.com/driver-agent/driver-agent/pkg/daemon"
 	"github.com/driver-agent/driver-agent/pkg/exitcode"
@@ -192,9 +191,7 @@ func (r *run) mkdirUndo(phase, dir string) error {
 	r.push(phase, func(context.Context) error {
 		var errs []error
 		for i := len(missing) - 1; i >= 0; i-- {
-			if err := r.Host.Files.Remove(missing[i]); err != nil && !errors.Is(err, syscall.ENOTEMPTY) && !errors.Is(err, syscall.EEXIST) {
-				errs = append(errs, err)
-			}
+			errs = append(errs, host.RemoveIfEmpty(r.Host.Files, missing[i]))
 		}
 		return errors.Join(errs...)
 	})

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 )
 
@@ -72,6 +73,14 @@ func (OSFiles) MkdirAll(path string, perm os.FileMode) error { return os.MkdirAl
 // Remove implements Files.
 func (OSFiles) Remove(path string) error {
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// RemoveIfEmpty removes the directory dir through f unless something is in it.
+func RemoveIfEmpty(f Files, dir string) error {
+	if err := f.Remove(dir); err != nil && !errors.Is(err, syscall.ENOTEMPTY) && !errors.Is(err, syscall.EEXIST) {
 		return err
 	}
 	return nil

@@ -47,3 +47,30 @@ func TestWriteAtomicFrom(t *testing.T) {
 		t.Fatalf("the directory holds %v, %v; want only f", entries, err)
 	}
 }
+
+// TestRemoveIfEmpty: a directory with something in it stays, without an error; an empty one goes;
+// one already gone is no error.
+func TestRemoveIfEmpty(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "d")
+	if err := os.MkdirAll(filepath.Join(dir, "cache"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := RemoveIfEmpty(OSFiles{}, dir); err != nil {
+		t.Fatalf("not empty: %v", err)
+	}
+	if _, err := os.Stat(dir); err != nil {
+		t.Fatalf("a directory with something in it was removed: %v", err)
+	}
+	if err := os.Remove(filepath.Join(dir, "cache")); err != nil {
+		t.Fatal(err)
+	}
+	if err := RemoveIfEmpty(OSFiles{}, dir); err != nil {
+		t.Fatalf("empty: %v", err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the empty directory stayed: %v", err)
+	}
+	if err := RemoveIfEmpty(OSFiles{}, dir); err != nil {
+		t.Fatalf("gone: %v", err)
+	}
+}

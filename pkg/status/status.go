@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/driver-agent/driver-agent/pkg/host"
@@ -130,11 +129,7 @@ func (w Writer) Remove() error {
 	if err := w.Files.Remove(w.Paths.StatusJSON()); err != nil {
 		return err
 	}
-	err := w.Files.Remove(filepath.Dir(w.Paths.StatusJSON()))
-	if errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, syscall.EEXIST) {
-		return nil
-	}
-	return err
+	return host.RemoveIfEmpty(w.Files, filepath.Dir(w.Paths.StatusJSON()))
 }
 
 func (w Writer) write(path string, data []byte) error {
