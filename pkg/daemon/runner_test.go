@@ -186,17 +186,21 @@ func TestRunnerResetAfterLongRun(t *testing.T) {
 	}
 	f := newRunner(t, spec, true)
 	_, wait := runAsync(t, f.r)
-	crash := func(n int) {
+	up := func(n int) int {
 		t.Helper()
 		st := waitState(t, f.r, daemon.StateUp)
 		eventually(t, "crash handler", func() bool { return strings.Count(f.log.String(), "waiting for SIGUSR1") >= n })
-		sendSignal(t, st.PID, syscall.SIGUSR1)
+		return st.PID
 	}
+	crash := func(n int) { t.Helper(); sendSignal(t, up(n), syscall.SIGUSR1) }
 	crash(1)
 	expectTimer(t, f.clock, time.Second).Fire() // first failure
-	crash(2)
-	// Second failure in a row would exceed MaxRestarts, but this run lasted past ResetAfter.
+	// Second failure in a row would exceed MaxRestarts, but this run lasts past ResetAfter: the
+	// clock moves on while it is up, before it crashes (moving it after the signal raced the
+	// runner seeing the exit, which then counted a short run and gave up).
+	pid := up(2)
 	f.clock.Advance(11 * time.Second)
+	sendSignal(t, pid, syscall.SIGUSR1)
 	eventually(t, "second run to end", func() bool { return f.r.Status().State == daemon.StateBackingOff })
 	expectTimer(t, f.clock, time.Second).Fire()
 	crash(3)
