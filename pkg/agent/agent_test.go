@@ -94,17 +94,6 @@ func newHostWorld(t *testing.T) *world {
 	return w
 }
 
-// withoutModuleUnload makes the loaded modules look as a kernel built without
-// CONFIG_MODULE_UNLOAD shows them: initstate, no refcnt, no holder links.
-func (w *world) withoutModuleUnload(t *testing.T, names ...string) {
-	t.Helper()
-	for _, m := range names {
-		hosttest.Must(t, os.Remove(w.roots.InSys("module/"+m+"/refcnt")))
-		hosttest.Must(t, os.RemoveAll(w.roots.InSys("module/"+m+"/holders")))
-		hosttest.Must(t, os.WriteFile(w.roots.InSys("module/"+m+"/initstate"), []byte("live\n"), 0o644))
-	}
-}
-
 // planText runs a as a dry run on an instant clock and returns its text plan and the clock.
 func planText(t *testing.T, a *Agent) (string, *daemontest.Instant) {
 	t.Helper()
@@ -977,7 +966,7 @@ func TestHostManagedDriver(t *testing.T) {
 // driver is still found loaded and the agent gets Ready at once.
 func TestHostManagedDriverWithoutModuleUnload(t *testing.T) {
 	w := newHostWorld(t)
-	w.withoutModuleUnload(t, "nvidia", "nvidia_uvm")
+	hosttest.Must(t, w.kernel.WithoutModuleUnload())
 	a := w.agent(t, "--host-modules-timeout", "1m")
 	a.Config.DriverVersion = "570.148.08"
 	log := w.runToReady(t, a)

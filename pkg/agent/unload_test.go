@@ -134,7 +134,7 @@ func TestDryRunReloadPlansWhatIsLoaded(t *testing.T) {
 func TestReloadWithoutModuleUnload(t *testing.T) {
 	w := newWorld(t)
 	hosttest.Must(t, w.kernel.Preload("nvidia", "nvidia_uvm"))
-	w.withoutModuleUnload(t, "nvidia", "nvidia_uvm")
+	hosttest.Must(t, w.kernel.WithoutModuleUnload())
 	a := w.agent(t)
 	clock := daemontest.NewInstant(time.Unix(1_800_000_000, 0))
 	a.Clock = clock

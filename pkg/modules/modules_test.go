@@ -505,26 +505,13 @@ func TestTreeResolveLeavesTheKernelsFormat(t *testing.T) {
 	}
 }
 
-// withoutUnload makes the loaded modules look as a kernel built without CONFIG_MODULE_UNLOAD shows
-// them: initstate, no refcnt, no holder links.
-func (e *env) withoutUnload(t *testing.T, names ...string) {
-	t.Helper()
-	for _, n := range names {
-		dir := filepath.Join(e.roots.Sys, "module", n)
-		hosttest.Must(t, os.Remove(filepath.Join(dir, "refcnt")))
-		hosttest.Must(t, os.RemoveAll(filepath.Join(dir, "holders")))
-		hosttest.Must(t, os.MkdirAll(filepath.Join(dir, "holders"), 0o755))
-		hosttest.Must(t, os.WriteFile(filepath.Join(dir, "initstate"), []byte("live\n"), 0o644))
-	}
-}
-
 // On a kernel that cannot unload modules the unloader says so at once, real run or dry run:
 // no wait, no delete_module.
 func TestUnloadWithoutModuleUnload(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, map[string]hosttest.FakeModule{"nvidia_uvm": {Deps: []string{"nvidia"}}})
 	hosttest.Must(t, e.kernel.Preload("nvidia", "nvidia_uvm"))
-	e.withoutUnload(t, "nvidia", "nvidia_uvm")
+	hosttest.Must(t, e.kernel.WithoutModuleUnload())
 	for _, dry := range []bool{false, true} {
 		clock := daemontest.NewInstant(time.Unix(0, 0))
 		u := Unloader{Host: e.host, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Timeout: time.Minute, Clock: clock, DryRun: dry}

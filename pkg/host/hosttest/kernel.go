@@ -1,11 +1,13 @@
 package hosttest
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -25,7 +27,8 @@ type FakeModule struct {
 }
 
 // FakeKernel is a stateful host.Kernel. Loading writes <proc>/modules and <sys>/module/<name>/
-// (refcnt, version, holders/, parameters/); unloading refuses while holders or users remain.
+// (initstate, refcnt, version, holders/, parameters/); unloading refuses while holders or users
+// remain. After WithoutModuleUnload it is a kernel built without CONFIG_MODULE_UNLOAD.
 type FakeKernel struct {
 	proc, sys string
 	modules   map[string]FakeModule
@@ -38,6 +41,9 @@ type FakeKernel struct {
 	users  map[string]int // extra references, like open device files
 	busy   map[string]int // UnloadModule fails with EBUSY this many more times
 	calls  []string
+	// noUnload: no counts ("-" in /proc/modules, no refcnt), no holder links, and
+	// delete_module answers ENOSYS.
+	noUnload bool
 }
 
 // NewFakeKernel returns a fake kernel over the roots' proc and sys. modules says what can be
@@ -116,6 +122,9 @@ func (k *FakeKernel) UnloadModule(name string) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.calls = append(k.calls, "unload "+name)
+	if k.noUnload {
+		return unix.ENOSYS
+	}
 	if !k.isLoaded(name) {
 		return unix.ENOENT
 	}
@@ -148,6 +157,36 @@ func (k *FakeKernel) Preload(names ...string) error {
 	k.calls = nil
 	k.mu.Unlock()
 	return nil
+}
+
+// WithoutModuleUnload makes k a kernel built without CONFIG_MODULE_UNLOAD (as seen on a GPU
+// node): the loaded modules, the fixture's too, keep initstate and lose their counts and holder
+// links, and nothing can be unloaded any more.
+func (k *FakeKernel) WithoutModuleUnload() error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.noUnload = true
+	var base strings.Builder
+	for _, line := range strings.Split(strings.TrimRight(k.base, "\n"), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 4 {
+			continue
+		}
+		f[2], f[3] = "-", "-"
+		base.WriteString(strings.Join(f, " ") + "\n")
+		dir := filepath.Join(k.sys, "module", f[0])
+		if _, err := os.Stat(dir); err != nil {
+			continue // the fixture has no sysfs entry for it
+		}
+		if err := os.Remove(filepath.Join(dir, "refcnt")); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		if err := errors.Join(os.RemoveAll(filepath.Join(dir, "holders")), os.WriteFile(filepath.Join(dir, "initstate"), []byte("live\n"), 0o644)); err != nil {
+			return err
+		}
+	}
+	k.base = base.String()
+	return k.sync()
 }
 
 // Use adds (n > 0) or drops (n < 0) references on name, like a process opening /dev/nvidia0.
@@ -212,11 +251,14 @@ func (k *FakeKernel) sync() error {
 	for i := len(k.loaded) - 1; i >= 0; i-- { // the kernel lists the newest first
 		name := k.loaded[i]
 		hs := k.holders(name)
-		used := "-"
+		count, used := strconv.Itoa(len(hs)+k.users[name]), "-"
 		if len(hs) > 0 {
 			used = strings.Join(hs, ",") + ","
 		}
-		fmt.Fprintf(&b, "%s 16384 %d %s Live 0x0000000000000000 (OE)\n", name, len(hs)+k.users[name], used)
+		if k.noUnload {
+			hs, count, used = nil, "-", "-"
+		}
+		fmt.Fprintf(&b, "%s 16384 %s %s Live 0x0000000000000000 (OE)\n", name, count, used)
 		dir := filepath.Join(k.sys, "module", name)
 		if err := os.MkdirAll(filepath.Join(dir, "holders"), 0o755); err != nil {
 			return err
@@ -230,7 +272,11 @@ func (k *FakeKernel) sync() error {
 				return err
 			}
 		}
-		files := map[string]string{"refcnt": fmt.Sprintf("%d\n", len(hs)+k.users[name])}
+		files := map[string]string{"initstate": "live\n", "refcnt": count + "\n"}
+		if k.noUnload {
+			delete(files, "refcnt")
+			os.Remove(filepath.Join(dir, "refcnt"))
+		}
 		if v := k.modules[name].Version; v != "" {
 			files["version"] = v + "\n"
 		}
