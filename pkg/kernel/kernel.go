@@ -184,16 +184,15 @@ func ReadSysModule(sys, name string) (SysModule, error) {
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return m, fmt.Errorf("module %s: %w", name, err)
 	}
-	if _, err := os.Stat(filepath.Join(dir, "initstate")); err == nil {
-		m.Loaded = true
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return m, fmt.Errorf("module %s: %w", name, err)
-	}
 	if data, err := ReadSmall(filepath.Join(dir, "refcnt")); err == nil {
 		m.Loaded, m.Unloadable = true, true
 		if m.RefCnt, err = strconv.Atoi(strings.TrimSpace(string(data))); err != nil {
 			return m, fmt.Errorf("module %s: bad refcnt %q", name, strings.TrimSpace(string(data)))
 		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return m, fmt.Errorf("module %s: %w", name, err)
+	} else if _, err := os.Stat(filepath.Join(dir, "initstate")); err == nil {
+		m.Loaded = true // a kernel without module unloading
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return m, fmt.Errorf("module %s: %w", name, err)
 	}
