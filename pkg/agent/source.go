@@ -154,8 +154,8 @@ func (s *imageSource) Find(_ context.Context, f detect.Facts, flavor string) (De
 		s.count(func(st *SourceStats) { st.CacheMisses++ }) // the miss openCached left to count
 	}
 	if cacheDir != "" {
-		// Open leaves the modules' sha256 to Prepare, which verifies each through the descriptor
-		// it is then loaded from: what is loaded is hashed once. Open writes nothing: the entry's
+		// Open leaves the modules' checksums to Prepare, which verifies each through the
+		// descriptor it is then loaded from: what is loaded is read once. Open writes nothing: the entry's
 		// removal and its use go through s.files, which a dry run records.
 		key := s.key(flavor)
 		entry, ok, err := cache.Open(cacheDir, key)
@@ -400,7 +400,7 @@ func (s *imageSource) Prepare(ctx context.Context, d Decision, workDir string) (
 // removed: the agent decides again (Find then misses the cache) and prepares what it chooses.
 var errDamagedEntry = errors.New("damaged cache entry removed; it will be rebuilt")
 
-// openCached opens each cached module, verifying its sha256 through the file the kernel then
+// openCached opens each cached module, verifying its checksum through the file the kernel then
 // loads it from. A damaged module removes the entry (errDamagedEntry) and nothing stays open.
 func (s *imageSource) openCached(images []host.ModuleImage) ([]host.ModuleImage, error) {
 	for i := range images {

@@ -10,17 +10,25 @@
 // Each entry is a directory named after the key's hash holding
 //
 //	modules/<file>  the modules, ready to load
-//	manifest.json   the key, and the size and sha256 of every module
+//	manifest.json   the key, and the size and checksum of every module
 //
 // Entries are written to a temporary directory and renamed into place, so a
 // crash never leaves a half-written entry under its final name. Lookup
-// verifies every sha256 before it returns an entry and removes an entry that
+// verifies every checksum before it returns an entry and removes an entry that
 // fails. Open is Lookup for a caller that loads the modules and writes
 // through its own seam: it checks everything but the contents and writes
 // nothing (the caller removes a damaged entry and marks a hit used), and
-// OpenModule verifies each module's sha256 on the descriptor the module is
-// then loaded from, so what is loaded is hashed once. Prune bounds the number
+// OpenModule verifies each module's checksum on the descriptor the module is
+// then loaded from, so what is loaded is read once. Prune bounds the number
 // of entries, removing the least recently used first.
+//
+// The checksum is an xxh64 (entries of manifest format 2 carry a sha256 and
+// are verified with it). It finds damage: a torn or truncated write, a bad
+// disk, a module edited or swapped by hand. It is no defence against whoever
+// can write the cache, since that writer can rewrite the manifest too, and
+// neither was the sha256 it replaces, which only cost more: on every start
+// of the cached path each module is read through it before it is loaded
+// (about 50x the time of xxh64 on a CPU without SHA extensions, 9x with them).
 package cache
 
 import (
@@ -29,6 +37,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"io/fs"
 	"os"
@@ -36,6 +45,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/cespare/xxhash/v2"
 
 	"github.com/driver-agent/driver-agent/pkg/kernel"
 	"github.com/driver-agent/driver-agent/pkg/link"
@@ -194,7 +205,7 @@ func fill(tmp string, key Key, modules []link.Module) (*Manifest, error) {
 		if err != nil {
 			return nil, fmt.Errorf("module %s: %w", mod.Name, err)
 		}
-		m.Modules = append(m.Modules, ModuleSum{Name: mod.Name, File: file, Size: size, SHA256: sum, Signed: mod.Signed})
+		m.Modules = append(m.Modules, ModuleSum{Name: mod.Name, File: file, Size: size, XXH64: sum, Signed: mod.Signed})
 	}
 	if err := m.validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
@@ -239,7 +250,7 @@ func install(tmp, final string) error {
 }
 
 // copyModule copies the module file src to dst (created, mode 0644, synced) and returns its
-// size and sha256, refusing anything that is not a regular file of at most
+// size and xxh64, refusing anything that is not a regular file of at most
 // maxModuleSize bytes.
 func copyModule(src, dst string) (int64, string, error) {
 	f, err := os.Open(src)
@@ -273,14 +284,14 @@ func copyModule(src, dst string) (int64, string, error) {
 }
 
 // writeSynced creates path (mode 0644), fills it with write, syncs it and
-// returns the sha256 of what was written.
+// returns the xxh64 of what was written.
 func writeSynced(path string, write func(io.Writer) error) (sum string, err error) {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
 		return "", err
 	}
 	defer func() { err = errors.Join(err, f.Close()) }()
-	h := sha256.New()
+	h := xxhash.New()
 	if err := write(io.MultiWriter(f, h)); err != nil {
 		return "", fmt.Errorf("write %s: %w", path, err)
 	}
@@ -303,7 +314,7 @@ func syncPath(path string) error {
 //
 // A missing entry is a plain miss (ok false, nil error). An entry that fails
 // verification (an unreadable or inconsistent manifest, or one of another
-// format, a module file missing or whose size or sha256 differs, a manifest
+// format, a module file missing or whose size or checksum differs, a manifest
 // for another key) is removed and reported as a miss: ok is false
 // and the error, wrapping ErrCorrupt, gives the reason. Other errors (an
 // invalid key, an unreadable cache directory) are returned as they are.
@@ -316,7 +327,7 @@ func Lookup(dir string, key Key) (Entry, bool, error) {
 
 // Open is Lookup without hashing the files and without writing: the
 // manifest, the key and every module file's type (regular) and size are
-// checked, their sha256 not. An entry that fails is reported as Lookup
+// checked, their checksums not. An entry that fails is reported as Lookup
 // reports it and left in place: the caller removes it (Path) and marks a hit
 // used (UsedPath), through its own seam for writes, so that a dry run records
 // both instead. A caller that loads the modules opens each with OpenModule,
@@ -333,7 +344,7 @@ func Path(dir string, key Key) string { return filepath.Join(dir, key.Name()) }
 func UsedPath(entryDir string) string { return filepath.Join(entryDir, ManifestFile) }
 
 // OpenModule opens the entry's module file for the module named name and
-// verifies its size and sha256 against the manifest, reading it through the
+// verifies its size and checksum against the manifest, reading it through the
 // returned file, which is positioned at its start again: load from it (e.g.
 // finit_module on its descriptor) and the bytes loaded are the bytes
 // verified, unless the file is written to meanwhile. A module that differs
@@ -358,7 +369,7 @@ func (e Entry) OpenModule(name string) (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %s: %v", ErrCorrupt, e.Dir, rel, err)
 	}
-	got, size, err := sumOf(f)
+	got, size, err := sum.of(f)
 	if err == nil {
 		_, err = f.Seek(0, io.SeekStart)
 	}
@@ -407,7 +418,7 @@ func lookup(dir string, key Key, full bool) (Entry, bool, error) {
 }
 
 // verify checks the entry in dir against key and returns it; without
-// contents, the files' sha256 are not computed. Every problem with the
+// contents, the files' checksums are not computed. Every problem with the
 // entry's contents wraps ErrCorrupt.
 func verify(dir string, key Key, contents bool) (Entry, error) {
 	corrupt := func(format string, args ...any) error {
@@ -478,7 +489,7 @@ func openRegular(root *os.Root, rel string) (*os.File, error) {
 }
 
 // checkModule checks the module file rel under root against mod: a regular file of mod's size
-// and, with contents, mod's sha256. Without contents it only stats the file.
+// and, with contents, mod's checksum. Without contents it only stats the file.
 func checkModule(root *os.Root, rel string, mod ModuleSum, contents bool) error {
 	if !contents {
 		st, err := root.Lstat(rel)
@@ -497,27 +508,35 @@ func checkModule(root *os.Root, rel string, mod ModuleSum, contents bool) error 
 		return err
 	}
 	defer f.Close()
-	sum, size, err := sumOf(f)
+	sum, size, err := mod.of(f)
 	if err != nil {
 		return err
 	}
 	return mod.differs(sum, size)
 }
 
-// sumOf reads r to its end and returns the hex sha256 and the length of what it read.
-func sumOf(r io.Reader) (string, int64, error) {
-	h := sha256.New()
+// of reads r to its end and returns its checksum of m's kind in hex, and the length of what it
+// read.
+func (m ModuleSum) of(r io.Reader) (string, int64, error) {
+	var h hash.Hash = xxhash.New()
+	if m.SHA256 != "" {
+		h = sha256.New()
+	}
 	n, err := io.Copy(h, r)
 	return hex.EncodeToString(h.Sum(nil)), n, err
 }
 
-// differs says how module contents with sha256 sum and size bytes differ from m, or nil when
+// differs says how module contents with checksum sum and size bytes differ from m, or nil when
 // they match: Lookup and OpenModule compare through it.
 func (m ModuleSum) differs(sum string, size int64) error {
-	if sum == m.SHA256 && size == m.Size {
+	kind, want := "xxh64", m.XXH64
+	if m.SHA256 != "" {
+		kind, want = "sha256", m.SHA256
+	}
+	if sum == want && size == m.Size {
 		return nil
 	}
-	return fmt.Errorf("sha256 %s (%d bytes), manifest says %s (%d bytes)", sum, size, m.SHA256, m.Size)
+	return fmt.Errorf("%s %s (%d bytes), manifest says %s (%d bytes)", kind, sum, size, want, m.Size)
 }
 
 // Prune keeps at most maxEntries entries in dir, removing those whose manifest was
@@ -582,5 +601,5 @@ func Prune(dir string, maxEntries int) ([]string, error) {
 
 // isKeyName reports whether name looks like Key.Name's output.
 func isKeyName(name string) bool {
-	return len(name) == 64 && checkSum(name) == nil
+	return checkHex("key name", name, sha256.Size) == nil
 }

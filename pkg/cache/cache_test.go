@@ -2,6 +2,8 @@ package cache
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"io"
 	"io/fs"
@@ -216,9 +218,9 @@ func TestDamagedEntry(t *testing.T) {
 		damage func(t *testing.T, entry string)
 		reason string
 	}{
-		{"module byte flipped", flip("modules/nvidia.ko", 100), "modules/nvidia.ko: sha256"},
-		{"module last byte flipped", flip("modules/nvidia-uvm.ko", -1), "modules/nvidia-uvm.ko: sha256"},
-		{"manifest of an older format", editManifest(func(m *Manifest) { m.Format = 1 }), "format 1, want 2"},
+		{"module byte flipped", flip("modules/nvidia.ko", 100), "modules/nvidia.ko: xxh64"},
+		{"module last byte flipped", flip("modules/nvidia-uvm.ko", -1), "modules/nvidia-uvm.ko: xxh64"},
+		{"manifest of an older format", editManifest(func(m *Manifest) { m.Format = 1 }), "format 1, want 3 or 2"},
 		{"manifest byte flipped", flip(ManifestFile, 2), "manifest"},
 		{"module missing", func(t *testing.T, e string) {
 			hosttest.Must(t, os.Remove(filepath.Join(e, "modules", "nvidia-modeset.ko")))
@@ -241,7 +243,7 @@ func TestDamagedEntry(t *testing.T) {
 			hosttest.Must(t, os.WriteFile(filepath.Join(e, ManifestFile), nil, 0o644))
 		}, "manifest"},
 		{"manifest for another key", editManifest(func(m *Manifest) { m.Key.Flavor = "proprietary" }), "another key"},
-		{"manifest sum edited", editManifest(func(m *Manifest) { m.Modules[0].SHA256 = strings.Repeat("0", 64) }), "manifest says " + strings.Repeat("0", 64)},
+		{"manifest sum edited", editManifest(func(m *Manifest) { m.Modules[0].XXH64 = strings.Repeat("0", 16) }), "manifest says " + strings.Repeat("0", 16)},
 		{"manifest lists fewer modules", editManifest(func(m *Manifest) { m.Modules = m.Modules[:2] }), "which the manifest does not list"},
 		{"manifest size edited", editManifest(func(m *Manifest) { m.Modules[1].Size++ }), "manifest says"},
 		{"entry is a file", func(t *testing.T, e string) {
@@ -532,7 +534,7 @@ func TestOpenVerifiesWhatIsLoaded(t *testing.T) {
 	if !ok || err != nil {
 		t.Fatalf("Open after a flipped byte = %v, %v; want a hit (contents are OpenModule's)", ok, err)
 	}
-	if f, err := e.OpenModule("nvidia"); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "modules/nvidia.ko: sha256") {
+	if f, err := e.OpenModule("nvidia"); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "modules/nvidia.ko: xxh64") {
 		if f != nil {
 			f.Close()
 		}
@@ -548,6 +550,60 @@ func TestOpenVerifiesWhatIsLoaded(t *testing.T) {
 	}
 	if _, ok, err := Open(dir, key); ok || err != nil {
 		t.Errorf("Open after Remove = %v, %v; want a plain miss", ok, err)
+	}
+}
+
+// TestSHA256Entry: an entry an earlier agent stored (manifest format 2, a sha256 for each module)
+// is still a hit for Lookup and Open, and its modules are verified with their sha256.
+func TestSHA256Entry(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	key := testKey()
+	stored, err := Store(dir, key, moduleFiles(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := *stored.Manifest
+	m.Format, m.Modules = sha256Format, slices.Clone(m.Modules)
+	for i := range m.Modules {
+		data, err := os.ReadFile(filepath.Join(stored.Dir, ModulesDir, m.Modules[i].File))
+		hosttest.Must(t, err)
+		sum := sha256.Sum256(data)
+		m.Modules[i].XXH64, m.Modules[i].SHA256 = "", hex.EncodeToString(sum[:])
+	}
+	b, err := m.marshal()
+	hosttest.Must(t, err)
+	if !bytes.Contains(b, []byte(`"sha256": "`)) || bytes.Contains(b, []byte("xxh64")) {
+		t.Fatalf("not a format 2 manifest:\n%s", b)
+	}
+	hosttest.Must(t, os.WriteFile(filepath.Join(stored.Dir, ManifestFile), b, 0o644))
+
+	if e, ok, err := Lookup(dir, key); !ok || err != nil || e.Manifest.Format != sha256Format {
+		t.Fatalf("Lookup = %+v, %v, %v; want the format 2 entry", e.Manifest, ok, err)
+	}
+	e, ok, err := Open(dir, key)
+	if !ok || err != nil {
+		t.Fatalf("Open = %v, %v; want a hit", ok, err)
+	}
+	for _, mod := range m.Modules {
+		f, err := e.OpenModule(mod.Name)
+		if err != nil {
+			t.Fatalf("OpenModule(%s) = %v", mod.Name, err)
+		}
+		f.Close()
+	}
+	path := filepath.Join(e.Dir, ModulesDir, "nvidia.ko")
+	data, _ := os.ReadFile(path)
+	data[100] ^= 0x01
+	hosttest.Must(t, os.WriteFile(path, data, 0o644))
+	if f, err := e.OpenModule("nvidia"); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "modules/nvidia.ko: sha256") {
+		if f != nil {
+			f.Close()
+		}
+		t.Fatalf("OpenModule of the damaged module = %v; want ErrCorrupt naming its sha256", err)
+	}
+	if _, ok, err := Lookup(dir, key); ok || !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "sha256") {
+		t.Fatalf("Lookup of the damaged entry = %v, %v; want a miss naming the sha256", ok, err)
 	}
 }
 
@@ -572,7 +628,7 @@ func TestOpenDamagedEntry(t *testing.T) {
 			p := filepath.Join(e, ManifestFile)
 			b, err := os.ReadFile(p)
 			hosttest.Must(t, err)
-			hosttest.Must(t, os.WriteFile(p, bytes.Replace(b, []byte(`"format": 2`), []byte(`"format": 1`), 1), 0o644))
+			hosttest.Must(t, os.WriteFile(p, bytes.Replace(b, []byte(`"format": 3`), []byte(`"format": 1`), 1), 0o644))
 		},
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -14,9 +14,14 @@ import (
 // real entry.
 func FuzzReadManifest(f *testing.F) {
 	m := &Manifest{Format: ManifestFormat, Key: testKey(),
-		Modules: []ModuleSum{{Name: "nvidia", File: "nvidia.ko", Size: 3, SHA256: strings.Repeat("a", 64), Signed: true}}}
+		Modules: []ModuleSum{{Name: "nvidia", File: "nvidia.ko", Size: 3, XXH64: strings.Repeat("a", 16), Signed: true}}}
 	b, err := m.marshal()
 	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(b)
+	m.Format, m.Modules[0].XXH64, m.Modules[0].SHA256 = sha256Format, "", strings.Repeat("a", 64)
+	if b, err = m.marshal(); err != nil {
 		f.Fatal(err)
 	}
 	f.Add(b)
@@ -59,8 +64,8 @@ func TestReadManifest(t *testing.T) {
 	good := func() *Manifest {
 		return &Manifest{Format: ManifestFormat, Key: testKey(),
 			Modules: []ModuleSum{
-				{Name: "nvidia", File: "nvidia.ko", Size: 3, SHA256: strings.Repeat("a", 64), Signed: true},
-				{Name: "nvidia_uvm", File: "nvidia-uvm.ko", Size: 0, SHA256: strings.Repeat("b", 64)},
+				{Name: "nvidia", File: "nvidia.ko", Size: 3, XXH64: strings.Repeat("a", 16), Signed: true},
+				{Name: "nvidia_uvm", File: "nvidia-uvm.ko", Size: 0, XXH64: strings.Repeat("b", 16)},
 			}}
 	}
 	tests := []struct {
@@ -72,7 +77,17 @@ func TestReadManifest(t *testing.T) {
 		{name: "good", edit: func(*Manifest) {}},
 		{name: "no build params", edit: func(m *Manifest) { m.Key.BuildParams = nil }},
 		{name: "format 1 (package.bin besides modules/)", edit: func(m *Manifest) { m.Format = 1 }, error: "format 1"},
-		{name: "format 3", edit: func(m *Manifest) { m.Format = 3 }, error: "format 3"},
+		{name: "format 4", edit: func(m *Manifest) { m.Format = 4 }, error: "format 4"},
+		{name: "format 2 (sha256)", edit: func(m *Manifest) {
+			m.Format = 2
+			for i := range m.Modules {
+				m.Modules[i].XXH64, m.Modules[i].SHA256 = "", strings.Repeat("c", 64)
+			}
+		}},
+		{name: "format 2 with an xxh64", edit: func(m *Manifest) { m.Format = 2 }, error: "an xxh64 in a format 2"},
+		{name: "sha256 besides the xxh64", edit: func(m *Manifest) { m.Modules[1].SHA256 = strings.Repeat("c", 64) }, error: "a sha256 in a format 3"},
+		{name: "sha256 instead of the xxh64", edit: func(m *Manifest) { m.Modules[1].XXH64, m.Modules[1].SHA256 = "", strings.Repeat("c", 64) }, error: "a sha256 in a format 3"},
+		{name: "no sum", edit: func(m *Manifest) { m.Modules[0].XXH64 = "" }, error: "invalid xxh64"},
 		{name: "empty banner", edit: func(m *Manifest) { m.Key.Banner = "" }, error: "banner"},
 		{name: "no modules", edit: func(m *Manifest) { m.Modules = nil }, error: "0 modules"},
 		{name: "file escapes", edit: func(m *Manifest) { m.Modules[0].File = "../nvidia.ko" }, error: "file name"},
@@ -80,8 +95,9 @@ func TestReadManifest(t *testing.T) {
 		{name: "module name with a dash", edit: func(m *Manifest) { m.Modules[1].Name = "nvidia-uvm" }, error: "module name"},
 		{name: "duplicate name", edit: func(m *Manifest) { m.Modules[1].Name = "nvidia" }, error: "twice"},
 		{name: "duplicate file", edit: func(m *Manifest) { m.Modules[1].File = "nvidia.ko" }, error: "twice"},
-		{name: "upper-case sum", edit: func(m *Manifest) { m.Modules[0].SHA256 = strings.Repeat("A", 64) }, error: "sha256"},
-		{name: "short sum", edit: func(m *Manifest) { m.Modules[1].SHA256 = "00" }, error: "sha256"},
+		{name: "upper-case sum", edit: func(m *Manifest) { m.Modules[0].XXH64 = strings.Repeat("A", 16) }, error: "xxh64"},
+		{name: "short sum", edit: func(m *Manifest) { m.Modules[1].XXH64 = "00" }, error: "xxh64"},
+		{name: "a sha256's length", edit: func(m *Manifest) { m.Modules[1].XXH64 = strings.Repeat("b", 64) }, error: "xxh64"},
 		{name: "negative size", edit: func(m *Manifest) { m.Modules[0].Size = -1 }, error: "negative"},
 		{name: "the package of format 1", raw: `{"format":2,"package":{"file":"package.bin","sha256":"00"}}`, error: "unknown field"},
 		{name: "unknown field", raw: `{"format":2,"extra":true}`, error: "unknown field"},

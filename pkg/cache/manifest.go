@@ -2,6 +2,7 @@ package cache
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -12,10 +13,14 @@ import (
 	"github.com/driver-agent/driver-agent/pkg/kernel"
 )
 
-// ManifestFormat is the manifest format version this package writes and reads.
-// Format 1 entries also held the modules a second time, as a precompiled package; they read as
-// damaged and are replaced.
-const ManifestFormat = 2
+// ManifestFormat is the manifest format version this package writes. It reads it and format 2,
+// whose modules carry a sha256 instead of an xxh64, so that an entry stored by an earlier agent
+// is still used after an upgrade, not rebuilt. Format 1 entries also held the modules a second
+// time, as a precompiled package; they read as damaged and are replaced.
+const ManifestFormat = 3
+
+// sha256Format is the last format whose modules carry a sha256.
+const sha256Format = 2
 
 // maxManifestSize bounds what ReadManifest accepts.
 const maxManifestSize = 1 << 20
@@ -45,16 +50,18 @@ type ModuleSum struct {
 	File string `json:"file"`
 	// Size is the module's size in bytes.
 	Size int64 `json:"size"`
-	// SHA256 is the lower-case hex sha256 of the module.
-	SHA256 string `json:"sha256"`
+	// XXH64 is the lower-case hex xxh64 of the module (format 3).
+	XXH64 string `json:"xxh64,omitempty"`
+	// SHA256 is the lower-case hex sha256 of the module (format 2).
+	SHA256 string `json:"sha256,omitempty"`
 	// Signed reports whether the module carries a signature.
 	Signed bool `json:"signed"`
 }
 
 // ReadManifest decodes and checks a manifest: at most 1 MiB of JSON with
-// exactly the known fields, format ManifestFormat, a valid key, plain file
-// names, lower-case hex sha256 sums, valid and distinct module names and
-// files. Errors wrap ErrCorrupt.
+// exactly the known fields, format ManifestFormat (each module with its xxh64)
+// or 2 (each with its sha256), a valid key, plain file names, lower-case hex
+// sums, valid and distinct module names and files. Errors wrap ErrCorrupt.
 func ReadManifest(r io.Reader) (*Manifest, error) {
 	m, err := readManifest(r)
 	if err != nil {
@@ -97,8 +104,8 @@ func (m *Manifest) marshal() ([]byte, error) {
 }
 
 func (m *Manifest) validate() error {
-	if m.Format != ManifestFormat {
-		return fmt.Errorf("format %d, want %d", m.Format, ManifestFormat)
+	if m.Format != ManifestFormat && m.Format != sha256Format {
+		return fmt.Errorf("format %d, want %d or %d", m.Format, ManifestFormat, sha256Format)
 	}
 	if err := m.Key.validate(); err != nil {
 		return err
@@ -114,7 +121,7 @@ func (m *Manifest) validate() error {
 		if err := checkFile(mod.File); err != nil {
 			return fmt.Errorf("module %d: %w", i, err)
 		}
-		if err := checkSum(mod.SHA256); err != nil {
+		if err := mod.checkSums(m.Format); err != nil {
 			return fmt.Errorf("module %d: %w", i, err)
 		}
 		if mod.Size < 0 {
@@ -136,13 +143,27 @@ func checkFile(name string) error {
 	return nil
 }
 
-// checkSum accepts 64 lower-case hex digits.
-func checkSum(s string) error {
-	if len(s) != 64 || strings.ToLower(s) != s {
-		return fmt.Errorf("invalid sha256 %q", s)
+// checkSums accepts the one sum of the manifest's format: an xxh64, or a sha256 in format 2.
+func (m ModuleSum) checkSums(format int) error {
+	if format == sha256Format {
+		if m.XXH64 != "" {
+			return fmt.Errorf("an xxh64 in a format %d manifest", format)
+		}
+		return checkHex("sha256", m.SHA256, sha256.Size)
+	}
+	if m.SHA256 != "" {
+		return fmt.Errorf("a sha256 in a format %d manifest", format)
+	}
+	return checkHex("xxh64", m.XXH64, 8) // an xxh64 is 8 bytes
+}
+
+// checkHex accepts size bytes written as lower-case hex digits.
+func checkHex(what, s string, size int) error {
+	if len(s) != 2*size || strings.ToLower(s) != s {
+		return fmt.Errorf("invalid %s %q", what, s)
 	}
 	if _, err := hex.DecodeString(s); err != nil {
-		return fmt.Errorf("invalid sha256 %q", s)
+		return fmt.Errorf("invalid %s %q", what, s)
 	}
 	return nil
 }

@@ -503,7 +503,7 @@ func (nv *nvidiaRun) bareMake(t *testing.T, res compile.Result) {
 // after a compile (flavour "kernel" or "kernel-open", the agent's names), and checks the entry's
 // modules: vermagic and version. The guest gets its own entry, which cache.Store makes from
 // copies without debug information (strip --strip-debug): nvidia-uvm.ko is mostly debug
-// information, and the guest verifies the sha256 of each module it loads under TCG. It returns
+// information, and the guest reads each module it loads through its checksum under TCG. It returns
 // the guest's entry.
 func (nv *nvidiaRun) store(t *testing.T, mods []link.Module, flavour string) cache.Entry {
 	key := cache.Key{Banner: nv.banner, DriverVersion: nv.src.version, Flavor: flavour}
