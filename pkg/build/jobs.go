@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"io"
 	"os"
-	"runtime"
 	"strconv"
 	"strings"
 
@@ -20,7 +19,7 @@ const memoryPerJob = 3 << 29 // 1.5 GiB
 const maxJobs = 1024
 
 // DefaultJobs returns the number of parallel build jobs used when none is
-// given (MAX_THREADS unset): the CPUs this process may use (GOMAXPROCS, which
+// given (MAX_THREADS unset): the CPUs this process may use (host.CPUs, which
 // follows the container's CPU limit), but no more than one job per 1.5 GiB of
 // memory, and at least one. The memory is MemTotal in r.Proc/meminfo or the
 // container's memory limit in r.Sys/fs/cgroup (cgroup v2 memory.max, v1
@@ -43,7 +42,7 @@ func DefaultJobs(r host.Roots) int {
 		}
 		break
 	}
-	return JobsFor(runtime.GOMAXPROCS(0), mem)
+	return JobsFor(host.CPUs(), mem)
 }
 
 // ParseMemoryLimit reads a cgroup memory limit file: a number of bytes, or

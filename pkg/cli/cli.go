@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 
 	"github.com/driver-agent/driver-agent/pkg/agent"
@@ -198,6 +199,9 @@ func runInit(ctx context.Context, prog, cmd string, args, environ []string, stdo
 		log.Warn("host root is unreadable (is the pod hostPID and privileged?); reading host files from the fallback",
 			"host_root", cfg.HostRoot, "fallback", cfg.HostRootFallback, "error", err)
 		cfg.HostRoot = cfg.HostRootFallback
+	}
+	if host.SpareProc(environ, runtime.NumCPU()) {
+		log.Debug("GOMAXPROCS raised from 1 to 2, so that a system call keeps its P (host.SpareProc)")
 	}
 	a := &agent.Agent{Config: cfg, Log: log, Out: stdout, Terminal: terminal(stderr), Version: version, LoadOnly: cmd == "load"}
 	if cfg.DryRun {

@@ -209,6 +209,32 @@ func lastBytes(b []byte, n int) string {
 	return string(b)
 }
 
+// SpareProc gives the Go runtime a second P on a machine of one CPU (cpus, runtime.NumCPU: the
+// CPUs the process may run on) when environ does not set GOMAXPROCS. The agent spends most of its
+// start in system calls (finit_module, mknod, mount, reading /proc and /sys, starting processes);
+// with one P the runtime's monitor takes the P from every call that lasts over about 20 µs and
+// wakes another thread to look for work that is not there: two thread switches for each call, on
+// the one CPU. With a second, idle P it leaves the call its P. It returns whether it raised
+// GOMAXPROCS. A CPU limit of one on a larger machine is left alone: there the woken thread runs on
+// another CPU, and CPUs could no longer tell the limit.
+func SpareProc(environ []string, cpus int) bool {
+	for _, kv := range environ {
+		if strings.HasPrefix(kv, "GOMAXPROCS=") {
+			return false
+		}
+	}
+	if cpus != 1 || runtime.GOMAXPROCS(0) != 1 {
+		return false
+	}
+	runtime.GOMAXPROCS(2)
+	return true
+}
+
+// CPUs is how many CPUs the process's work may use at once (links, compile jobs): GOMAXPROCS,
+// which follows the container's CPU limit, but no more than the CPUs it may run on (SpareProc
+// raises GOMAXPROCS above them on a machine of one CPU).
+func CPUs() int { return min(runtime.GOMAXPROCS(0), runtime.NumCPU()) }
+
 // LowerThreadPriority locks the calling goroutine to its OS thread for the rest of the
 // goroutine's life and gives that thread the lowest CPU priority (nice 19; Linux keeps a nice
 // value per thread). Work that must end before Ready but is not on the way to it (storing new

@@ -220,3 +220,29 @@ func TestLowerThreadPriority(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestSpareProc: one P becomes two on a machine of one CPU unless the environment sets
+// GOMAXPROCS; more Ps, or more CPUs, are left alone; CPUs stays at the CPUs the process may run on.
+func TestSpareProc(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	for _, tc := range []struct {
+		procs, cpus int
+		environ     []string
+		raised      bool
+		want        int
+	}{
+		{1, 1, []string{"PATH=/bin"}, true, 2},
+		{1, 1, []string{"GOMAXPROCS=1"}, false, 1},
+		{1, 8, nil, false, 1},
+		{4, 1, nil, false, 4},
+	} {
+		runtime.GOMAXPROCS(tc.procs)
+		if got := host.SpareProc(tc.environ, tc.cpus); got != tc.raised || runtime.GOMAXPROCS(0) != tc.want {
+			t.Errorf("GOMAXPROCS %d, %d CPUs, environ %q: SpareProc = %v and GOMAXPROCS %d; want %v and %d",
+				tc.procs, tc.cpus, tc.environ, got, runtime.GOMAXPROCS(0), tc.raised, tc.want)
+		}
+		if want := min(tc.want, runtime.NumCPU()); host.CPUs() != want {
+			t.Errorf("GOMAXPROCS %d: CPUs = %d, want %d", runtime.GOMAXPROCS(0), host.CPUs(), want)
+		}
+	}
+}

@@ -22,7 +22,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -70,7 +69,7 @@ type Options struct {
 	// Procs runs the linker (Host.Procs: the agent's reaper, which must be the only code in the
 	// process that waits for children). Required.
 	Procs host.Procs
-	// MaxLinks bounds how many linkers run at once; zero means runtime.GOMAXPROCS(0), the CPUs
+	// MaxLinks bounds how many linkers run at once; zero means host.CPUs(), the CPUs
 	// the process may use (each ld is one process on one CPU: on one CPU two at once only take
 	// turns, and both finish later than one after the other).
 	MaxLinks int
@@ -179,7 +178,7 @@ func Link(ctx context.Context, p *precompiled.Package, workDir string, opts Opti
 	defer cancel()
 	slots := opts.MaxLinks
 	if slots <= 0 {
-		slots = runtime.GOMAXPROCS(0)
+		slots = host.CPUs()
 	}
 	free := make(chan struct{}, slots)
 	errs := make([]error, len(p.Files))
