@@ -155,6 +155,9 @@ func benchReport(recs []benchRecord, runs, cpus int, notes string) string {
 				m.max/1024, m.median/1024, summarize(field(k, "rss_kb")).median/1024)
 		}
 	}
+	if e := field("agent-exec", "exec_ms"); len(e) > 0 {
+		fmt.Fprintf(&b, "%-12s `driver-agent version`, exec to exit %s\n", "agent-exec", summarize(e))
+	}
 	med := func(kind, key string) float64 { return summarize(field(kind, key)).median }
 	fmt.Fprintf(&b, "\nratios of medians (start to Ready; target: agent within 1.5x of script-min, overhead < 100 ms):\n")
 	for _, k := range []string{"precompiled", "cached"} {
