@@ -101,7 +101,7 @@ type run struct {
 	// in a dry run a recorder that nothing reads, so that the plan lists the node's changes only.
 	own      host.Files
 	src      Source
-	writeMu  sync.Mutex // serialises status.json writes
+	sf       statusFile // status.json's writes (statusfile.go)
 	mu       sync.Mutex
 	status   status.Status
 	errors   map[string]float64
@@ -174,6 +174,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		return err
 	}
 	r.push("start", func(context.Context) error {
+		r.closeStatus()
 		return errors.Join(r.st.ClearReady(), r.report.Remove())
 	})
 	r.adoptJournal()
@@ -244,28 +245,23 @@ func (r *run) update(fn func(s *status.Status)) {
 	fn(&r.status)
 }
 
+// setPhase records the phase and writes status.json at once: Ready, a failure, the teardown.
 func (r *run) setPhase(name string) {
+	r.markPhase(name)
+	r.writeStatus()
+}
+
+// enterPhase records the phase a run enters; status.json shows it within statusEvery.
+func (r *run) enterPhase(name string) {
+	r.markPhase(name)
+	r.noteStatus()
+}
+
+func (r *run) markPhase(name string) {
 	r.mu.Lock()
 	r.status.Phase = name
 	r.beat = r.clock.Now()
 	r.mu.Unlock()
-	r.writeStatus()
-}
-
-// writeStatus writes status.json from the current status. Writes are serialised and each takes
-// its snapshot inside, so the file never goes back to an older state.
-func (r *run) writeStatus() {
-	r.writeMu.Lock()
-	defer r.writeMu.Unlock()
-	r.mu.Lock()
-	r.status.Updated = r.clock.Now()
-	s := r.status
-	s.Phases = append([]status.Timing(nil), r.status.Phases...)
-	s.Daemons = append([]status.Daemon(nil), r.status.Daemons...)
-	r.mu.Unlock()
-	if err := r.report.Write(s); err != nil {
-		r.Log.Warn("could not write status file", "error", err)
-	}
 }
 
 func (r *run) runPhases(ctx context.Context, phases []phase) error {
@@ -280,7 +276,7 @@ func (r *run) runPhases(ctx context.Context, phases []phase) error {
 		r.update(func(s *status.Status) {
 			s.Phases = append(s.Phases, status.Timing{Name: p.name, Started: start, Result: "running"})
 		})
-		r.setPhase(p.name)
+		r.enterPhase(p.name)
 		step := p.run
 		if r.Config.DryRun && p.plan != nil {
 			step = p.plan
@@ -317,7 +313,7 @@ const heartbeat = 5 * time.Second
 
 // wait blocks until ctx ends or a required daemon fails for good.
 func (r *run) wait(ctx context.Context) error {
-	r.setPhase(PhaseWait)
+	r.enterPhase(PhaseWait)
 	var failed <-chan struct{}
 	if r.sup != nil {
 		failed = r.sup.Failed()

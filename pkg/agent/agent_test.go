@@ -742,9 +742,10 @@ func TestCacheStoreHoldsReadyNotTeardown(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the agent did not wait for the store")
 	}
-	if st := w.read(t, "run/nvidia/driver-agent/status.json"); !strings.Contains(st, `"phase": "ready"`) {
-		t.Fatalf("the agent waits for the store outside the ready phase: %s", st)
-	}
+	// The agent is held in Wait, so status.json, at most statusEvery behind, must come to say so.
+	waitFor(t, "status.json to show the ready phase while the store runs", func() bool {
+		return strings.Contains(w.read(t, "run/nvidia/driver-agent/status.json"), `"phase": "ready"`)
+	}, done)
 	if got := w.read(t, "run/nvidia/validations/.driver-daemons-status"); got != "NotReady" {
 		t.Fatalf("the operator's file says %q while the store runs, want NotReady", got)
 	}

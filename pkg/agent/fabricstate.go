@@ -24,13 +24,13 @@ func (r *run) checkFabric(ctx context.Context, plan fabric.Plan) error {
 	return fabric.WaitState(ctx, o)
 }
 
-// setFabric records the fabric state and writes status.json at once, so `driver-agent status`
-// shows it while the agent waits.
+// setFabric records the fabric state, and status.json shows it within statusEvery, so
+// `driver-agent status` shows it while the agent waits.
 func (r *run) setFabric(state, detail string) {
 	r.mu.Lock()
 	r.status.Fabric, r.status.FabricDetail = state, detail
 	r.mu.Unlock()
-	r.writeStatus()
+	r.noteStatus()
 }
 
 // metricsFabricState is the state label for driver_agent_fabric_state: one of fabric's four

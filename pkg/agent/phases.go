@@ -634,7 +634,7 @@ func (r *run) daemonsPhase(ctx context.Context) error {
 		r.mu.Lock()
 		r.status.Daemons = daemonStatuses(r.sup)
 		r.mu.Unlock()
-		r.writeStatus()
+		r.noteStatus()
 	}})
 	r.mu.Lock()
 	r.sup = sup

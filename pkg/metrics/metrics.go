@@ -190,16 +190,20 @@ type Server struct {
 	stopErr error
 }
 
-// Handler serves /metrics, /healthz and /readyz for src.
+// Handler serves /metrics, /healthz and /readyz for src. The registry is made at the first
+// scrape: making the Go and process collectors costs milliseconds, which the first scrape pays
+// instead of every start of the agent.
 func Handler(src Source, log *slog.Logger) http.Handler {
-	reg := Registry(NewCollector(src))
+	scrape := sync.OnceValue(func() http.Handler {
+		return promhttp.HandlerFor(Registry(NewCollector(src)), promhttp.HandlerOpts{
+			ErrorHandling:       promhttp.ContinueOnError,
+			ErrorLog:            slog.NewLogLogger(log.Handler(), slog.LevelError),
+			MaxRequestsInFlight: 4,
+			Timeout:             10 * time.Second,
+		})
+	})
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{
-		ErrorHandling:       promhttp.ContinueOnError,
-		ErrorLog:            slog.NewLogLogger(log.Handler(), slog.LevelError),
-		MaxRequestsInFlight: 4,
-		Timeout:             10 * time.Second,
-	}))
+	mux.Handle("GET /metrics", http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) { scrape().ServeHTTP(w, req) }))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if !src.Snapshot().Alive {
 			http.Error(w, "agent loop not responding", http.StatusServiceUnavailable)
