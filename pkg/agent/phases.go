@@ -630,7 +630,7 @@ func (r *run) daemonsPhase(ctx context.Context) error {
 		childProc = r.Host.Proc
 	}
 	sup := daemon.NewSupervisor(daemon.Options{Procs: r.Host.Procs, Log: r.Log, Proc: childProc, Clock: r.clock, OnChange: func(daemon.Status) {
-		// status.json follows every daemon change (a crash, a restart), not only the phases.
+		// status.json follows every daemon change (a crash, a restart) within statusEvery.
 		r.mu.Lock()
 		r.status.Daemons = daemonStatuses(r.sup)
 		r.mu.Unlock()

@@ -42,6 +42,11 @@ func TestVMBench(t *testing.T) {
 		}
 	}
 	g := group{name: "bench", packages: true, bench: true, benchRuns: runs, scenarios: []string{"bench"}, timeout: 15 * time.Minute}
+	if g.benchB = os.Getenv("DRIVER_AGENT_VM_BENCH_B"); g.benchB != "" {
+		if static, err := isStatic(g.benchB); err != nil || !static {
+			t.Fatalf("DRIVER_AGENT_VM_BENCH_B=%s: want a static executable (%v)", g.benchB, err)
+		}
+	}
 	res := h.boot(t, g)
 	results, _, _, ended := parse(res.lines)
 	r, ok := results["bench"]
@@ -54,6 +59,9 @@ func TestVMBench(t *testing.T) {
 	}
 	cpus, _ := vmCPUs() // the boot checked it
 	fmt.Fprint(os.Stdout, benchReport(recs, runs, cpus, r.details))
+	if v := os.Getenv("DRIVER_AGENT_VM_ICOUNT"); v != "" {
+		fmt.Printf("qemu -icount %s: the figures are guest time counted in instructions, not the host's time\n", v)
+	}
 }
 
 var benchLine = regexp.MustCompile(`VMTEST-BENCH (.*)$`)
@@ -137,6 +145,9 @@ func benchReport(recs []benchRecord, runs, cpus int, notes string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nvm-bench: %d runs of each, in one boot (qemu TCG, %d vCPU); milliseconds unless noted\n%s\n\n", runs, cpus, notes)
 	kinds := []string{"precompiled", "cached", "script-min", "script-full"}
+	if len(field("cached-b", "ready_ms")) > 0 {
+		kinds = append(kinds, "precompiled-b", "cached-b")
+	}
 	for _, k := range kinds {
 		fmt.Fprintf(&b, "%-12s start to Ready   %s  (n=%d)\n", k, summarize(field(k, "ready_ms")), len(field(k, "ready_ms")))
 		if a := field(k, "agent_ms"); len(a) > 0 {
@@ -205,6 +216,21 @@ func benchReport(recs []benchRecord, runs, cpus int, notes string) string {
 		fmt.Fprintf(&b, "  goal, paired by round (median of %d rounds): precompiled / script-full %.2fx; cached - (script-min + persistenced) %+.1f ms\n",
 			len(ratios), summarize(ratios).median, summarize(overs).median)
 	}
+	// Agent B against A: each round runs both, in turn first, so the difference of each round
+	// is free of the boot's drift.
+	for _, k := range []string{"precompiled", "cached"} {
+		a, bb := byRun(k, "ready_ms"), byRun(k+"-b", "ready_ms")
+		var diffs []float64
+		for run, x := range a {
+			if y, ok := bb[run]; ok {
+				diffs = append(diffs, y-x)
+			}
+		}
+		if len(diffs) > 0 {
+			d := summarize(diffs)
+			fmt.Fprintf(&b, "  B - A, %-11s paired by round (%d): median %+.1f ms, mean %+.1f, min %+.1f, max %+.1f\n", k, len(diffs), d.median, d.mean, d.min, d.max)
+		}
+	}
 	fmt.Fprintf(&b, "teardown ratios of medians:\n")
 	for _, k := range []string{"precompiled", "cached"} {
 		for _, s := range []string{"script-min", "script-full"} {
@@ -214,7 +240,7 @@ func benchReport(recs []benchRecord, runs, cpus int, notes string) string {
 			}
 		}
 	}
-	for _, k := range []string{"precompiled", "cached"} {
+	for _, k := range []string{"precompiled", "cached", "precompiled-b", "cached-b"} {
 		var order []string
 		all := map[string][]float64{}
 		for _, r := range recs {

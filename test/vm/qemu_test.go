@@ -60,13 +60,17 @@ func qemuArgs(kernel, initrd string, memMiB, cpus int) []string {
 	if memMiB <= 0 {
 		memMiB = defaultMemMiB
 	}
-	return []string{
+	var icount []string // DRIVER_AGENT_VM_ICOUNT: guest time from instructions, not the host's clock
+	if v := os.Getenv("DRIVER_AGENT_VM_ICOUNT"); v != "" {
+		icount = []string{"-icount", v}
+	}
+	return append(icount,
 		"-accel", "tcg", "-m", strconv.Itoa(memMiB), "-smp", strconv.Itoa(cpus),
 		"-nodefaults", "-no-user-config", "-display", "none", "-monitor", "none",
 		"-serial", "stdio", "-nic", "none", "-no-reboot",
 		"-kernel", kernel, "-initrd", initrd,
 		"-append", "console=ttyS0 panic=-1 loglevel=4 rdinit=/init",
-	}
+	)
 }
 
 // bootArgs runs qemu with its command line args (qemuArgs and more) until the guest powers off,

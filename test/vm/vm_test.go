@@ -35,11 +35,12 @@ const persistencedMode = "fork"
 type group struct {
 	name       string
 	scenarios  []string
-	packages   bool // ship the precompiled packages (made for the banner learned from a boot)
-	compressed bool // ship the prerequisite modules as .ko.xz and .ko.zst
-	bench      bool // ship guest/bench.sh (make vm-bench)
-	benchRuns  int  // VMTEST_BENCH_RUNS
-	memMiB     int  // guest memory; 0 means defaultMemMiB
+	packages   bool   // ship the precompiled packages (made for the banner learned from a boot)
+	compressed bool   // ship the prerequisite modules as .ko.xz and .ko.zst
+	bench      bool   // ship guest/bench.sh (make vm-bench)
+	benchRuns  int    // VMTEST_BENCH_RUNS
+	benchB     string // a second agent the bench runs beside the first (DRIVER_AGENT_VM_BENCH_B)
+	memMiB     int    // guest memory; 0 means defaultMemMiB
 	timeout    time.Duration
 	modules    []string                            // more modules from the kernel image, beside the prerequisites
 	extra      func(*testing.T, *harness, *rootfs) // adds the group's own files
@@ -385,6 +386,9 @@ func (h *harness) baseRootfs(g group, version string) *rootfs {
 	r.file("vmtest/fabricmanager.cfg", 0o644, filepath.Join(guest, "fabricmanager.cfg"))
 	if g.bench {
 		r.file("vmtest/bench.sh", 0o644, filepath.Join(guest, "bench.sh"))
+		if g.benchB != "" {
+			r.file("usr/local/bin/driver-agent-b", 0o755, g.benchB)
+		}
 	}
 	mode := persistencedMode
 	if m := os.Getenv("DRIVER_AGENT_VM_PERSISTENCED"); m != "" {
@@ -393,8 +397,12 @@ func (h *harness) baseRootfs(g group, version string) *rootfs {
 	r.bytes("vmtest/persistenced-mode", 0o644, []byte(mode+"\n"))
 	r.file("drivers/nvidia.conf", 0o644, filepath.Join(guest, "nvidia.conf"))
 	r.file("etc/os-release", 0o644, filepath.Join(guest, "os-release"))
-	r.bytes("vmtest/config", 0o644, []byte(fmt.Sprintf("VMTEST_DRIVER_VERSION=%s\nVMTEST_KERNEL_RELEASE=%s\nVMTEST_SCENARIOS=%q\nVMTEST_BENCH_RUNS=%d\n",
-		version, h.tl.abi, strings.Join(g.scenarios, " "), g.benchRuns)))
+	benchB := ""
+	if g.benchB != "" {
+		benchB = "driver-agent-b"
+	}
+	r.bytes("vmtest/config", 0o644, []byte(fmt.Sprintf("VMTEST_DRIVER_VERSION=%s\nVMTEST_KERNEL_RELEASE=%s\nVMTEST_SCENARIOS=%q\nVMTEST_BENCH_RUNS=%d\nVMTEST_BENCH_B=%s\n",
+		version, h.tl.abi, strings.Join(g.scenarios, " "), g.benchRuns, benchB)))
 
 	r.file("usr/local/bin/driver-agent", 0o755, h.agent)
 	r.symlink("usr/local/bin/nvidia-driver", "driver-agent")

@@ -13,6 +13,8 @@
 #                rss_kb=<kb> rc=<rc> phases=<name>:<ms>,...] [link_ms=<ms> persistenced_ms=<ms>
 #                (script-full: the two ld, and the nvidia-persistenced stand-in's own start)]
 #   VMTEST-BENCH kind=agent-exec run=<n> exec_ms=<ms>  (`driver-agent version`: exec to exit)
+# With VMTEST_BENCH_B set (DRIVER_AGENT_VM_BENCH_B on the host), a second agent's precompiled and
+# cached runs join each round as kinds precompiled-b and cached-b, first in the even rounds.
 
 # ns_now sets NS to CLOCK_MONOTONIC in nanoseconds, without starting a process.
 ns_now() {
@@ -85,16 +87,17 @@ bench_warm_ld() {
 	rm -f /tmp/bench-warm.ko
 }
 
-# bench_agent KIND RUN: one agent run; prints its VMTEST-BENCH line.
+# bench_agent KIND RUN [AGENT]: one run of AGENT (default driver-agent); prints its VMTEST-BENCH
+# line.
 bench_agent() {
-	local kind=$1 run=$2 log=/tmp/bench-agent.log pid t0 t1 t2 t3 st hwm rss phases agent_ms rc n=0
+	local kind=$1 run=$2 agent=${3:-driver-agent} log=/tmp/bench-agent.log pid t0 t1 t2 t3 st hwm rss phases agent_ms rc n=0
 	rm -f "$log"
 	ns_now
 	t0=$NS
 	# Started the way the scripts are: one fork, then exec (no env process in between).
 	(
 		export $AGENT_ENV DRIVER_CONFIG_DIGEST=bench
-		exec driver-agent init
+		exec "$agent" init
 	) >"$log" 2>&1 &
 	pid=$!
 	# The time of Ready is the Ready file's change time (its rename into place), so the poll
@@ -227,20 +230,29 @@ bench_script() {
 	echo "VMTEST-BENCH kind=$kind run=$run ready_ms=$(fmt_ms $((t1 - t0))) teardown_ms=$(fmt_ms $((t3 - t2)))$link"
 }
 
+# bench_agent_pair RUN SUFFIX AGENT: AGENT's precompiled run (empty cache, links warmed), then
+# its cached run, as kinds precompiled$SUFFIX and cached$SUFFIX.
+bench_agent_pair() {
+	rm -rf "$AGENT_CACHE"
+	bench_warm_ld
+	bench_agent "precompiled$2" "$1" "$3" || return
+	bench_agent "cached$2" "$1" "$3"
+}
+
 scn_bench() {
 	local runs=${VMTEST_BENCH_RUNS:-7} i before
 	bench_setup
 	before=$(modules_snapshot)
 	for i in $(seq 1 "$runs"); do
-		rm -rf "$AGENT_CACHE"
-		bench_warm_ld
-		bench_agent precompiled "$i" || return
+		# With a second agent (VMTEST_BENCH_B), it runs its pair first in the even rounds.
+		[ -n "$VMTEST_BENCH_B" ] && [ $((i % 2)) = 0 ] && { bench_agent_pair "$i" -b "$VMTEST_BENCH_B" || return; }
+		bench_agent_pair "$i" "" driver-agent || return
 		if [ "$i" = 1 ]; then
 			# Learn what the agent loaded, and keep its linked modules for the scripts.
 			mkdir -p "$BENCH_KO"
 			cp "$AGENT_CACHE"/*/modules/*.ko "$BENCH_KO/" || { fail "no linked modules in $AGENT_CACHE"; return; }
 		fi
-		bench_agent cached "$i" || return
+		[ -n "$VMTEST_BENCH_B" ] && [ $((i % 2)) = 1 ] && { bench_agent_pair "$i" -b "$VMTEST_BENCH_B" || return; }
 		if [ "$i" = 1 ]; then
 			start_ready /tmp/bench-learn.log bench || return
 			bench_learn_prereqs "$before" "$(modules_snapshot)"
