@@ -28,17 +28,33 @@ ns_now() {
 	NS=${c% nsecs}
 }
 
-# ctime_ns FILE: the change time of FILE on CLOCK_MONOTONIC, in nanoseconds, plus one tick. The
-# kernel stamps it from its coarse clock, less than one tick (4 ms: the bench kernels are
-# Debian's, HZ=250) before the change, so the figure is never early and at most a tick late.
-# The offset from CLOCK_REALTIME is the realtime clock base's in /proc/timer_list (bench_setup).
-ctime_ns() {
-	local s f
-	s=$(stat -c '%Z %z' "$1")
+# ready_ns LOG T0: when the agent that logs to LOG and was started at T0 got Ready, on
+# CLOCK_MONOTONIC in nanoseconds, never early: the later of the Ready file's change time (its
+# rename into place) plus one tick, and the agent's "Done, now waiting for signal" line (logged
+# after the file is written) plus 1 ms. The kernel stamps files from its coarse clock, which was
+# seen to lag by more than a tick (4 ms, HZ=250 in the bench kernels) after the CPU idled; the
+# log's stamps have milliseconds. Both are CLOCK_REALTIME: the offset to CLOCK_MONOTONIC is the
+# realtime clock base's in /proc/timer_list (RT_OFFSET, bench_setup).
+ready_ns() {
+	local s f c ms day l
+	s=$(stat -c '%Z %z' "$STATUS")
 	f=${s#* * }
 	f=${f%% *}
 	f=${f#*.}
-	echo $((${s%% *} * 1000000000 + 1${f} - 1000000000 - RT_OFFSET + 4000000))
+	c=$((${s%% *} * 1000000000 + 1${f} - 1000000000 - RT_OFFSET + 4000000))
+	ms=$(awk '/Done, now waiting for signal/ && match($0, /time=[^ ]+/) {
+		t = substr($0, RSTART + 5, RLENGTH - 5)
+		split(substr(t, index(t, "T") + 1), p, /[:Z+-]/)
+		printf "%d", ((p[1] * 60 + p[2]) * 60 + p[3]) * 1000
+		exit
+	}' "$1")
+	if [ -n "$ms" ]; then
+		day=$((($2 + RT_OFFSET) / 86400000000000 * 86400000000000))
+		l=$((day + ms * 1000000 + 1000000 - RT_OFFSET))
+		[ "$l" -lt "$2" ] && l=$((l + 86400000000000)) # the day turned
+		[ "$l" -gt "$c" ] && c=$l
+	fi
+	echo "$c"
 }
 
 # fmt_ms NS: nanoseconds as milliseconds with two decimals.
@@ -100,8 +116,9 @@ bench_agent() {
 		exec "$agent" init
 	) >"$log" 2>&1 &
 	pid=$!
-	# The time of Ready is the Ready file's change time (its rename into place), so the poll
-	# that waits for it need not be fast: a fast one takes the guest's one CPU from the agent.
+	# The time of Ready comes from the file's change time and the agent's log (ready_ns), so
+	# the poll that waits for it need not be fast: a fast one takes the guest's one CPU from
+	# the agent.
 	while :; do
 		st=
 		read -r st <"$STATUS" 2>/dev/null
@@ -116,9 +133,9 @@ bench_agent() {
 		n=$((n + 1))
 		pause 0.05
 	done
-	t1=$(ctime_ns "$STATUS")
 	AGENT_PID=$pid
-	wait_until 10 grep -q '"phase": "wait"' "$STATUS_JSON"
+	wait_until 10 grep -q '"phase": "wait"' "$STATUS_JSON" # the agent has logged "Done" then
+	t1=$(ready_ns "$log" "$t0")
 	hwm=$(awk '$1 == "VmHWM:" { print $2 }' "/proc/$pid/status")
 	rss=$(awk '$1 == "VmRSS:" { print $2 }' "/proc/$pid/status")
 	phases=$(phase_ms)
