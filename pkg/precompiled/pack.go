@@ -24,7 +24,7 @@ func NewKernelInterface(name, linkedModuleName, coreObjectName, targetDir string
 		CRC:              StoredCRC(data),
 		Data:             data,
 	}
-	if err := f.validate(0); err != nil {
+	if err := f.validate(0, true); err != nil {
 		return File{}, err
 	}
 	return f, nil
@@ -45,7 +45,7 @@ func NewKernelModule(name, targetDir string, data []byte, signed bool) (File, er
 	if signed {
 		f.Attributes |= AttrEmbeddedSignature
 	}
-	if err := f.validate(0); err != nil {
+	if err := f.validate(0, true); err != nil {
 		return File{}, err
 	}
 	return f, nil
@@ -83,7 +83,7 @@ func (f *File) SetDetachedSignature(linkedModule, signedModule []byte) error {
 func (p *Package) Append(f File) error {
 	i := len(p.Files)
 	f.Index = uint32(i)
-	if err := f.validate(i); err != nil {
+	if err := f.validate(i, true); err != nil {
 		return err
 	}
 	p.Files = append(p.Files, f)
