@@ -188,30 +188,32 @@ func benchReport(recs []benchRecord, runs, cpus int, notes string) string {
 	}
 	// The same goals from each round's own figures (the kinds of a round run one after the other),
 	// which a slow or fast stretch of the boot moves together: the median over the rounds.
-	byRun := func(kind, key string) map[float64]float64 {
-		m := map[float64]float64{}
-		for _, r := range recs {
-			if x, ok := r.values[key]; r.kind == kind && ok {
-				m[r.values["run"]] = x
+	// perRound gives f's result for each round that has every figure f asks at for.
+	perRound := func(f func(at func(kind, key string) float64) float64) []float64 {
+		var out []float64
+		for run := 1; run <= runs; run++ {
+			ok := true
+			at := func(kind, key string) float64 {
+				for _, r := range recs {
+					if x, has := r.values[key]; r.kind == kind && has && r.values["run"] == float64(run) {
+						return x
+					}
+				}
+				ok = false
+				return 0
+			}
+			if v := f(at); ok {
+				out = append(out, v)
 			}
 		}
-		return m
+		return out
 	}
-	pre, full, cached, smin, pd := byRun("precompiled", "ready_ms"), byRun("script-full", "ready_ms"),
-		byRun("cached", "ready_ms"), byRun("script-min", "ready_ms"), byRun("script-full", "persistenced_ms")
-	var ratios, overs []float64
-	for run, p := range pre {
-		if f, ok := full[run]; ok && f > 0 {
-			ratios = append(ratios, p/f)
-		}
-	}
-	for run, c := range cached {
-		m, ok1 := smin[run]
-		d, ok2 := pd[run]
-		if ok1 && ok2 {
-			overs = append(overs, c-m-d)
-		}
-	}
+	ratios := perRound(func(at func(kind, key string) float64) float64 {
+		return at("precompiled", "ready_ms") / at("script-full", "ready_ms")
+	})
+	overs := perRound(func(at func(kind, key string) float64) float64 {
+		return at("cached", "ready_ms") - at("script-min", "ready_ms") - at("script-full", "persistenced_ms")
+	})
 	if len(ratios) > 0 && len(overs) > 0 {
 		fmt.Fprintf(&b, "  goal, paired by round (median of %d rounds): precompiled / script-full %.2fx; cached - (script-min + persistenced) %+.1f ms\n",
 			len(ratios), summarize(ratios).median, summarize(overs).median)
@@ -219,13 +221,7 @@ func benchReport(recs []benchRecord, runs, cpus int, notes string) string {
 	// Agent B against A: each round runs both, in turn first, so the difference of each round
 	// is free of the boot's drift.
 	for _, k := range []string{"precompiled", "cached"} {
-		a, bb := byRun(k, "ready_ms"), byRun(k+"-b", "ready_ms")
-		var diffs []float64
-		for run, x := range a {
-			if y, ok := bb[run]; ok {
-				diffs = append(diffs, y-x)
-			}
-		}
+		diffs := perRound(func(at func(kind, key string) float64) float64 { return at(k+"-b", "ready_ms") - at(k, "ready_ms") })
 		if len(diffs) > 0 {
 			d := summarize(diffs)
 			fmt.Fprintf(&b, "  B - A, %-11s paired by round (%d): median %+.1f ms, mean %+.1f, min %+.1f, max %+.1f\n", k, len(diffs), d.median, d.mean, d.min, d.max)

@@ -28,29 +28,23 @@ ns_now() {
 	NS=${c% nsecs}
 }
 
-# ready_ns LOG T0: when the agent that logs to LOG and was started at T0 got Ready, on
-# CLOCK_MONOTONIC in nanoseconds, never early: the later of the Ready file's change time (its
-# rename into place) plus one tick, and the agent's "Done, now waiting for signal" line (logged
-# after the file is written) plus 1 ms. The kernel stamps files from its coarse clock, which was
-# seen to lag by more than a tick (4 ms, HZ=250 in the bench kernels) after the CPU idled; the
-# log's stamps have milliseconds. Both are CLOCK_REALTIME: the offset to CLOCK_MONOTONIC is the
-# realtime clock base's in /proc/timer_list (RT_OFFSET, bench_setup).
+# ready_ns DONE_MS T0: when the agent started at T0 got Ready, on CLOCK_MONOTONIC in
+# nanoseconds, never early: the later of the Ready file's change time (its rename into place)
+# plus one tick, and the agent's "Done, now waiting for signal" line (logged after the file is
+# written; DONE_MS, its stamp in milliseconds of the day from log_stamps, may be empty) plus 1
+# ms. The kernel stamps files from its coarse clock, which was seen to lag by more than a tick
+# (4 ms, HZ=250 in the bench kernels) after the CPU idled. Both are CLOCK_REALTIME: the offset to
+# CLOCK_MONOTONIC is the realtime clock base's in /proc/timer_list (RT_OFFSET, bench_setup).
 ready_ns() {
-	local s f c ms day l
+	local s f c day l
 	s=$(stat -c '%Z %z' "$STATUS")
 	f=${s#* * }
 	f=${f%% *}
 	f=${f#*.}
 	c=$((${s%% *} * 1000000000 + 1${f} - 1000000000 - RT_OFFSET + 4000000))
-	ms=$(awk '/Done, now waiting for signal/ && match($0, /time=[^ ]+/) {
-		t = substr($0, RSTART + 5, RLENGTH - 5)
-		split(substr(t, index(t, "T") + 1), p, /[:Z+-]/)
-		printf "%d", ((p[1] * 60 + p[2]) * 60 + p[3]) * 1000
-		exit
-	}' "$1")
-	if [ -n "$ms" ]; then
+	if [ -n "$1" ]; then
 		day=$((($2 + RT_OFFSET) / 86400000000000 * 86400000000000))
-		l=$((day + ms * 1000000 + 1000000 - RT_OFFSET))
+		l=$((day + $1 * 1000000 + 1000000 - RT_OFFSET))
 		[ "$l" -lt "$2" ] && l=$((l + 86400000000000)) # the day turned
 		[ "$l" -gt "$c" ] && c=$l
 	fi
@@ -106,7 +100,7 @@ bench_warm_ld() {
 # bench_agent KIND RUN [AGENT]: one run of AGENT (default driver-agent); prints its VMTEST-BENCH
 # line.
 bench_agent() {
-	local kind=$1 run=$2 agent=${3:-driver-agent} log=/tmp/bench-agent.log pid t0 t1 t2 t3 st hwm rss phases agent_ms rc n=0
+	local kind=$1 run=$2 agent=${3:-driver-agent} log=/tmp/bench-agent.log pid t0 t1 t2 t3 st hwm rss phases agent_ms stamps done_ms rc n=0
 	rm -f "$log"
 	ns_now
 	t0=$NS
@@ -135,11 +129,14 @@ bench_agent() {
 	done
 	AGENT_PID=$pid
 	wait_until 10 grep -q '"phase": "wait"' "$STATUS_JSON" # the agent has logged "Done" then
-	t1=$(ready_ns "$log" "$t0")
+	stamps=$(log_stamps "$log")
+	done_ms=${stamps#* }
+	agent_ms=
+	[ -n "$stamps" ] && agent_ms=$((done_ms - ${stamps% *}))
+	t1=$(ready_ns "$done_ms" "$t0")
 	hwm=$(awk '$1 == "VmHWM:" { print $2 }' "/proc/$pid/status")
 	rss=$(awk '$1 == "VmRSS:" { print $2 }' "/proc/$pid/status")
 	phases=$(phase_ms)
-	agent_ms=$(agent_log_ms "$log")
 	ns_now
 	t2=$NS
 	kill -TERM "$pid"
@@ -152,9 +149,10 @@ bench_agent() {
 	echo "VMTEST-BENCH kind=$kind run=$run ready_ms=$(fmt_ms $((t1 - t0))) teardown_ms=$(fmt_ms $((t3 - t2))) agent_ms=$agent_ms hwm_kb=$hwm rss_kb=$rss rc=$rc phases=$phases"
 }
 
-# agent_log_ms LOG: milliseconds from the agent's first log line to "Done, now waiting for
-# signal", from the lines' own time= stamps (the agent's clock, so no polling error).
-agent_log_ms() {
+# log_stamps LOG: the time= stamps of the agent's first log line and of its "Done, now waiting
+# for signal" line, in milliseconds of the day (the agent's clock, so no polling error), or
+# nothing when there is no such line.
+log_stamps() {
 	awk '
 		function ms(line,   t, p) {
 			if (!match(line, /time=[^ ]+/)) return -1
@@ -164,7 +162,7 @@ agent_log_ms() {
 			return ((p[1] * 60 + p[2]) * 60 + p[3]) * 1000
 		}
 		first == "" { first = ms($0) }
-		/Done, now waiting for signal/ { printf "%d", ms($0) - first; exit }
+		/Done, now waiting for signal/ { printf "%d %d", first, ms($0); exit }
 	' "$1"
 }
 
