@@ -209,7 +209,17 @@ func (p *Package) Size() int64 {
 // for path problems) and names the byte offset and record concerned. The
 // returned package does not share memory with b.
 func Parse(b []byte) (*Package, error) {
-	d := decoder{b: b, rec: -1}
+	return parse(b, false)
+}
+
+// parseOwned is Parse for a buffer the caller hands over: the members' data and signatures are
+// slices of b instead of copies, so a package costs its size in memory once, not twice.
+func parseOwned(b []byte) (*Package, error) {
+	return parse(b, true)
+}
+
+func parse(b []byte, owned bool) (*Package, error) {
+	d := decoder{b: b, rec: -1, owned: owned}
 	if len(b) < HeaderFixedSize {
 		return nil, d.errorf(len(b), "", "input ends: %d bytes is shorter than the %d-byte fixed header", len(b), HeaderFixedSize)
 	}
@@ -267,7 +277,7 @@ func Read(r io.Reader) (*Package, error) {
 	if err != nil {
 		return nil, err
 	}
-	return Parse(b)
+	return parseOwned(b)
 }
 
 // ReadFile reads and parses the package file at path.
@@ -276,7 +286,7 @@ func ReadFile(path string) (*Package, error) {
 	if err != nil {
 		return nil, err
 	}
-	p, err := Parse(b)
+	p, err := parseOwned(b)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
@@ -291,26 +301,34 @@ func readFileLimited(path string) ([]byte, error) {
 		return nil, err
 	}
 	defer f.Close()
-	var hint int64
-	if st, err := f.Stat(); err == nil && st.Mode().IsRegular() {
-		if st.Size() > MaxPackageSize {
-			return nil, fmt.Errorf("%s: %w: %d bytes, limit %d", path, ErrTooLarge, st.Size(), MaxPackageSize)
-		}
-		hint = st.Size()
-	}
-	b, err := readLimited(f, hint, MaxPackageSize)
+	b, err := readSized(f)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return b, nil
 }
 
+// readSized reads all of f, refusing more than MaxPackageSize. The buffer is sized from the
+// file's size up front: grown by doubling instead, a package would cost about twice its size in
+// copies and garbage before the first byte is checked.
+func readSized(f *os.File) ([]byte, error) {
+	var hint int64
+	if st, err := f.Stat(); err == nil && st.Mode().IsRegular() {
+		if st.Size() > MaxPackageSize {
+			return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, st.Size(), MaxPackageSize)
+		}
+		hint = st.Size()
+	}
+	return readLimited(f, hint, MaxPackageSize)
+}
+
 // readLimited reads all of r, failing with ErrTooLarge beyond limit bytes.
 // hint, when positive, is the expected size.
 func readLimited(r io.Reader, hint, limit int64) ([]byte, error) {
-	var buf bytes.Buffer
+	buf := new(bytes.Buffer)
 	if hint > 0 && hint <= limit {
-		buf.Grow(int(hint) + bytes.MinRead)
+		// Room for EOF's read too, so the buffer is never grown and copied.
+		buf = bytes.NewBuffer(make([]byte, 0, int(hint)+bytes.MinRead))
 	}
 	n, err := buf.ReadFrom(io.LimitReader(r, limit+1))
 	if err != nil {
@@ -330,6 +348,8 @@ type decoder struct {
 	rec int
 	// name of the current record, once known, for messages.
 	name string
+	// owned: the members may keep slices of b (parseOwned).
+	owned bool
 }
 
 func (d *decoder) remaining() int { return len(d.b) - d.off }
@@ -381,6 +401,14 @@ func (d *decoder) bytes(field string) ([]byte, error) {
 	v := d.b[d.off : d.off+int(n)]
 	d.off += int(n)
 	return v, nil
+}
+
+// keep returns v for the package to hold: v itself when the decoder owns its input, else a copy.
+func (d *decoder) keep(v []byte) []byte {
+	if d.owned {
+		return v[:len(v):len(v)] // an append to a member never writes into the next
+	}
+	return bytes.Clone(v)
 }
 
 func (d *decoder) str(field string) (string, error) {
@@ -498,10 +526,10 @@ func (d *decoder) record(f *File) error {
 		return err
 	}
 	if len(data) > 0 {
-		f.Data = bytes.Clone(data)
+		f.Data = d.keep(data)
 	}
 	if len(sig) > 0 {
-		f.Signature = bytes.Clone(sig)
+		f.Signature = d.keep(sig)
 	}
 	return nil
 }

@@ -189,8 +189,9 @@ func readPackage(path string) (*Package, error) {
 		return nil, err
 	}
 	defer f.Close()
-	if st, err := f.Stat(); err == nil && st.Size() > MaxPackageSize {
-		return nil, fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, st.Size(), MaxPackageSize)
+	b, err := readSized(f)
+	if err != nil {
+		return nil, err
 	}
-	return Read(f)
+	return parseOwned(b)
 }

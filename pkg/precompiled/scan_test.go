@@ -3,6 +3,7 @@ package precompiled
 import (
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -203,5 +204,57 @@ func TestSkipKindString(t *testing.T) {
 	}
 	if s := SkipKind(99).String(); s != "SkipKind(99)" {
 		t.Errorf("SkipKind(99) = %q", s)
+	}
+}
+
+// bigPackage writes a package whose one module is size bytes and returns its directory.
+func bigPackage(tb testing.TB, banner string, size int) string {
+	tb.Helper()
+	dir := tb.TempDir()
+	p := &Package{DriverVersion: "595.71.05", Description: "test", ProcVersion: banner}
+	f, err := NewKernelModule("nvidia.ko", ".", make([]byte, size), false)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := p.Append(f); err != nil {
+		tb.Fatal(err)
+	}
+	b, err := p.Marshal()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "nvidia-modules-6.1.0"), b, 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	return dir
+}
+
+// TestScanAllocatesThePackageOnce: the package is read into one buffer of its size, not one grown
+// by doubling (which allocates about twice the package and copies it on every step).
+func TestScanAllocatesThePackageOnce(t *testing.T) {
+	const banner, size = "Linux version 6.1.0 (x@y) #1 SMP", 16 << 20
+	dir := bigPackage(t, banner, size)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	res := Scan(dir, banner, "595.71.05")
+	runtime.ReadMemStats(&after)
+	if !res.Found() {
+		t.Fatalf("no package chosen: %+v", res.Skipped)
+	}
+	if got := after.TotalAlloc - before.TotalAlloc; got > size*5/4 {
+		t.Errorf("Scan of a %d-byte package allocated %d bytes (%.2fx); want at most 1.25x", size, got, float64(got)/size)
+	}
+}
+
+// BenchmarkScan reads and checks a package of 64 MiB, about an open-module package's size.
+func BenchmarkScan(b *testing.B) {
+	const banner, size = "Linux version 6.1.0 (x@y) #1 SMP", 64 << 20
+	dir := bigPackage(b, banner, size)
+	b.SetBytes(size)
+	b.ReportAllocs()
+	for b.Loop() {
+		if res := Scan(dir, banner, "595.71.05"); !res.Found() {
+			b.Fatal("no package chosen")
+		}
 	}
 }
