@@ -1,6 +1,9 @@
 package detect
 
 import (
+	"errors"
+	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -118,6 +121,46 @@ func TestPCISubsystemIDs(t *testing.T) {
 	}
 	if len(devs) != 2 || devs[0].SubVendor != 0x1028 || devs[0].SubDevice != 0x204b || devs[1].SubVendor != 0 || devs[1].SubDevice != 0 {
 		t.Errorf("devices = %+v", devs)
+	}
+}
+
+// Only NVIDIA and Mellanox devices are read past their vendor: another vendor's device with an
+// unreadable class is neither listed nor an error; an NVIDIA one is an error naming the file, and
+// an attribute too long for a sysfs value is refused.
+func TestPCIDevicesReadsOnlyNVIDIAAndMellanox(t *testing.T) {
+	t.Parallel()
+	sys := t.TempDir()
+	for addr, files := range map[string]map[string]string{
+		"0000:00:02.0": {"vendor": "0x8086", "device": "0x1234", "class": "zz"},
+		"0000:00:03.0": {"vendor": "0x1af4"},
+		"0000:41:00.0": {"vendor": "0x10de", "device": "0x2330", "class": "0x030200"},
+		"0000:42:00.0": {"vendor": "0x15b3", "device": "0x1021", "class": "0x020700"},
+		"0000:43:00.0": {"vendor": "0x10de", "device": "0x22a3", "class": "not hex"},
+		"0000:44:00.0": {"vendor": "0x10de", "device": "0x22a3", "class": "0x068000", "subsystem_vendor": "0x" + strings.Repeat("0", 70)},
+	} {
+		dir := filepath.Join(sys, "bus/pci/devices", addr)
+		hosttest.Must(t, os.MkdirAll(dir, 0o755))
+		for name, v := range files {
+			hosttest.Must(t, os.WriteFile(filepath.Join(dir, name), []byte(v+"\n"), 0o644))
+		}
+	}
+	devs, err := PCIDevices(sys)
+	if err == nil || !strings.Contains(err.Error(), "0000:43:00.0/class") || strings.Contains(err.Error(), "0000:00:02.0") {
+		t.Errorf("error = %v; want one naming 0000:43:00.0/class and nothing of 0000:00:02.0", err)
+	}
+	var got []string
+	for _, d := range devs {
+		got = append(got, fmt.Sprintf("%s %04x:%04x %06x sub %04x", d.Address, d.Vendor, d.Device, d.Class, d.SubVendor))
+	}
+	want := []string{"0000:41:00.0 10de:2330 030200 sub 0000", "0000:42:00.0 15b3:1021 020700 sub 0000", "0000:44:00.0 10de:22a3 068000 sub 0000"}
+	if !slices.Equal(got, want) {
+		t.Errorf("devices:\n got %q\nwant %q", got, want)
+	}
+	if _, err := readAttr(filepath.Join(sys, "bus/pci/devices/0000:44:00.0/subsystem_vendor")); err == nil || !strings.Contains(err.Error(), "longer than 63 bytes") {
+		t.Errorf("a 73-byte attribute: %v", err)
+	}
+	if _, err := readAttr(filepath.Join(sys, "missing")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a missing attribute: %v, want fs.ErrNotExist", err)
 	}
 }
 
