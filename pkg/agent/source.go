@@ -87,6 +87,7 @@ type imageSource struct {
 	compile    compile.Options
 	compileErr error         // why the compile path cannot work, found by Find
 	storing    chan struct{} // closed when the background cache store has ended
+	storer     *host.Background
 	stored     bool          // the store succeeded; read after storing is closed
 	found      bool          // Find ran
 
@@ -313,12 +314,15 @@ func (s *imageSource) storeInBackground(key cache.Key, mods []link.Module) {
 		return
 	}
 	done := make(chan struct{})
-	s.storing = done
+	bg := &host.Background{}
+	s.storing, s.storer = done, bg
 	go func() {
 		defer close(done)
+		defer bg.Done()
 		// Ready waits for the store, the load does not: the load keeps the CPU, and the store takes
-		// what the load leaves idle (on a node with few CPUs, the daemons' start).
-		if err := host.LowerThreadPriority(); err != nil {
+		// what the load leaves idle (on a node with few CPUs, the daemons' start) until Wait
+		// raises it.
+		if err := bg.Lower(); err != nil {
 			s.log.Debug("the cache store runs at normal priority", "error", err)
 		}
 		start := time.Now()
@@ -351,6 +355,15 @@ func (s *imageSource) KeptIn() string {
 func (s *imageSource) Wait(ctx context.Context) error {
 	if s.storing == nil {
 		return nil
+	}
+	select {
+	case <-s.storing:
+		return nil
+	default:
+	}
+	// Nothing is left to run but the store: it runs as the agent does from here on.
+	if err := s.storer.Raise(); err != nil {
+		s.log.Debug("the cache store stays at idle priority", "error", err)
 	}
 	select {
 	case <-s.storing:

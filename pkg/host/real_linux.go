@@ -235,27 +235,74 @@ func SpareProc(environ []string, cpus int) bool {
 // raises GOMAXPROCS above them on a machine of one CPU).
 func CPUs() int { return min(runtime.GOMAXPROCS(0), runtime.NumCPU()) }
 
-// LowerThreadPriority locks the calling goroutine to its OS thread for the rest of the
-// goroutine's life and gives that thread the lowest CPU priority (nice 19; Linux keeps a nice
-// value per thread). Work that must end before Ready but is not on the way to it (storing new
-// modules in the cache) then takes the CPU the load leaves idle instead of the load's. In a pod
-// the scheduler weighs nice values only among the threads of the pod's own cgroup, so other
-// workloads on the node do not starve it any more than they would the agent. The
-// goroutine must not call runtime.UnlockOSThread: the thread then ends with it, and its
-// priority with it, so no other goroutine ever runs at that priority.
+// Background runs work that must end before Ready but is not on the way to it (storing new
+// modules in the cache) on a thread of idle priority, which the goroutine that then waits for
+// the work raises back: the work takes the CPU the agent's steps leave idle instead of theirs,
+// and once the agent has nothing left but to wait for it, it runs as the agent does, so a busy
+// node does not hold Ready back behind other work. The zero value is ready for use.
+type Background struct {
+	mu     sync.Mutex
+	tid    int // the lowered thread, while the goroutine on it runs
+	saved  *unix.SchedAttr
+	raised bool
+}
+
+// Lower locks the calling goroutine to its OS thread for the rest of the goroutine's life and
+// puts the thread in SCHED_IDLE (Linux schedules each thread on its own), unless Raise came
+// first. The goroutine must defer Done, and must not call runtime.UnlockOSThread: the thread
+// ends with the goroutine, and its priority with it, so no other goroutine ever runs at that
+// priority. In a pod the kernel weighs the threads of the pod's own cgroup against each other,
+// so other workloads on the node do not starve it any more than they would the agent.
 //
-// Nice only decides between threads that want a CPU; Go code runs only on a thread that holds
-// one of GOMAXPROCS Ps. With one P (one CPU, or a CPU limit of one) the locked thread takes the
-// only P for each of its turns in the Go scheduler, nice or not, and the other goroutines wait
-// for it: so GOMAXPROCS is raised to at least 2, leaving a P for the rest of the agent whenever
-// the lowered thread runs Go code, and the kernel then prefers the other thread as nice says.
-func LowerThreadPriority() error {
+// The kernel's priorities only decide between threads that want a CPU; Go code runs only on a
+// thread that holds one of GOMAXPROCS Ps. With one P (one CPU, or a CPU limit of one) the locked
+// thread would take the only P for each of its turns in the Go scheduler, and the other
+// goroutines would wait for it: so GOMAXPROCS is raised to at least 2, leaving a P for the rest
+// of the agent whenever the lowered thread runs Go code.
+func (b *Background) Lower() error {
 	if runtime.GOMAXPROCS(0) < 2 {
 		runtime.GOMAXPROCS(2)
 	}
 	runtime.LockOSThread()
-	if err := unix.Setpriority(unix.PRIO_PROCESS, 0, 19); err != nil {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.raised {
+		return nil
+	}
+	tid := unix.Gettid()
+	saved, err := unix.SchedGetAttr(tid, 0)
+	if err != nil {
 		return fmt.Errorf("lower the thread's priority: %w", err)
 	}
+	if err := unix.SchedSetAttr(tid, &unix.SchedAttr{Policy: unix.SCHED_IDLE}, 0); err != nil {
+		return fmt.Errorf("lower the thread's priority: %w", err)
+	}
+	b.tid, b.saved = tid, saved
 	return nil
+}
+
+// Raise gives the lowered thread back the priority it had, or keeps a later Lower from
+// lowering it; after Done it does nothing.
+func (b *Background) Raise() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.raised = true
+	if b.tid == 0 {
+		return nil
+	}
+	// The thread lives while its goroutine has not called Done, which takes this lock: the ID
+	// cannot name another thread yet.
+	tid := b.tid
+	b.tid = 0
+	if err := unix.SchedSetAttr(tid, b.saved, 0); err != nil {
+		return fmt.Errorf("raise the background thread's priority: %w", err)
+	}
+	return nil
+}
+
+// Done says the goroutine that called Lower is about to end; defer it there.
+func (b *Background) Done() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.tid = 0
 }

@@ -168,56 +168,92 @@ func waitNotRunning(t *testing.T, pid int) {
 	}
 }
 
-// threadNice reads a thread's nice value (field 19 of /proc/self/task/<tid>/stat).
-func threadNice(tid int) (int, bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/self/task/%d/stat", tid))
+// threadPolicy reads a thread's scheduling policy and nice value; ok is false once it is gone.
+func threadPolicy(tid int) (policy uint32, nice int32, ok bool) {
+	a, err := unix.SchedGetAttr(tid, 0)
 	if err != nil {
-		return 0, false
+		return 0, 0, false
 	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:]) // fields from 3 on
-	n, err := strconv.Atoi(f[19-3])
-	return n, err == nil
+	return a.Policy, a.Nice, true
 }
 
-// TestLowerThreadPriority: the calling goroutine's thread gets nice 19, the test's own thread
-// keeps its own, the process has at least two Ps (one left for the rest when the lowered thread
-// runs), and the thread ends with the goroutine.
-func TestLowerThreadPriority(t *testing.T) {
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1)) // as on a node with one CPU
-	type result struct {
-		tid, nice int
-		err       error
+// TestBackground: Lower puts the calling goroutine's thread at idle priority, leaves the test's
+// own thread as it was, and leaves the process at least two Ps (one for the rest when the lowered
+// thread runs); Raise gives the thread back the policy and nice value it had; the thread ends
+// with the goroutine, and a Raise after Done, or a Lower after Raise, changes nothing.
+func TestBackground(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))      // as on a node with one CPU
+	ownPolicy, ownNice, _ := threadPolicy(unix.Gettid()) // whatever the test runs at (nice make lint, ...)
+	var bg host.Background
+	type lowered struct {
+		tid    int
+		policy uint32
+		err    error
 	}
-	own, _ := threadNice(unix.Gettid()) // whatever the test runs at (nice make lint, ...)
-	res := make(chan result)
+	low, raised, end := make(chan lowered), make(chan struct{}), make(chan struct{})
 	go func() {
-		err := host.LowerThreadPriority()
+		defer close(end)
+		defer bg.Done()
+		err := bg.Lower()
 		tid := unix.Gettid()
-		n, _ := threadNice(tid)
-		res <- result{tid, n, err}
+		p, _, _ := threadPolicy(tid)
+		low <- lowered{tid, p, err}
+		<-raised
 	}()
-	r := <-res
-	if r.err != nil || r.nice != 19 {
-		t.Fatalf("LowerThreadPriority = %v; the thread's nice is %d, want 19", r.err, r.nice)
+	l := <-low
+	if l.err != nil || l.policy != unix.SCHED_IDLE {
+		t.Fatalf("Lower = %v; the thread's policy is %d, want SCHED_IDLE (%d)", l.err, l.policy, unix.SCHED_IDLE)
 	}
-	if n, _ := threadNice(unix.Gettid()); n != own {
-		t.Errorf("the test's own thread has nice %d, want %d as before", n, own)
+	if p, n, _ := threadPolicy(unix.Gettid()); p != ownPolicy || n != ownNice {
+		t.Errorf("the test's own thread has policy %d nice %d, want %d %d as before", p, n, ownPolicy, ownNice)
 	}
 	if n := runtime.GOMAXPROCS(0); n < 2 {
-		t.Errorf("GOMAXPROCS is %d after LowerThreadPriority, want at least 2", n)
+		t.Errorf("GOMAXPROCS is %d after Lower, want at least 2", n)
+	}
+	if err := bg.Raise(); err != nil {
+		if errors.Is(err, unix.EPERM) && os.Geteuid() != 0 {
+			close(raised)
+			t.Skipf("Raise: %v: leaving SCHED_IDLE takes CAP_SYS_NICE; run as root (CI does)", err)
+		}
+		t.Fatalf("Raise: %v", err)
+	}
+	if p, n, _ := threadPolicy(l.tid); p != ownPolicy || n != ownNice {
+		t.Errorf("after Raise the thread has policy %d nice %d, want %d %d", p, n, ownPolicy, ownNice)
+	}
+	close(raised)
+	<-end
+	if err := bg.Raise(); err != nil {
+		t.Errorf("Raise after Done: %v", err)
 	}
 	// On the main thread the runtime cannot end the thread; it parks it for good instead, and no
 	// goroutine runs there again.
 	deadline := time.Now().Add(10 * time.Second)
-	for r.tid != os.Getpid() {
-		if _, ok := threadNice(r.tid); !ok {
+	for l.tid != os.Getpid() {
+		if _, _, ok := threadPolicy(l.tid); !ok {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("thread %d outlived its goroutine: another goroutine could run at nice 19", r.tid)
+			t.Fatalf("thread %d outlived its goroutine: another goroutine could run at its priority", l.tid)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+
+	// Raise before Lower: the thread is never lowered.
+	var early host.Background
+	if err := early.Raise(); err != nil {
+		t.Fatalf("Raise before Lower: %v", err)
+	}
+	res := make(chan uint32)
+	go func() {
+		defer early.Done()
+		if err := early.Lower(); err != nil {
+			t.Errorf("Lower after Raise: %v", err)
+		}
+		p, _, _ := threadPolicy(unix.Gettid())
+		res <- p
+	}()
+	if p := <-res; p != ownPolicy {
+		t.Errorf("Lower after Raise set policy %d, want %d", p, ownPolicy)
 	}
 }
 
