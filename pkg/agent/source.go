@@ -85,11 +85,11 @@ type imageSource struct {
 	pkg        *precompiled.Package // the package Find chose (read and checked once), linked by Prepare
 	pkgPath    string               // its file
 	compile    compile.Options
-	compileErr error         // why the compile path cannot work, found by Find
-	storing    chan struct{} // closed when the background cache store has ended
-	storer     *host.Background
-	stored     bool          // the store succeeded; read after storing is closed
-	found      bool          // Find ran
+	compileErr error            // why the compile path cannot work, found by Find
+	storing    chan struct{}    // closed when the background cache store has ended
+	storer     *host.Background // the store's thread: Wait raises it
+	stored     bool             // the store succeeded; read after storing is closed
+	found      bool             // Find ran
 
 	mu    sync.Mutex
 	stats SourceStats
