@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -191,6 +192,9 @@ func TestBackground(t *testing.T) {
 		err    error
 	}
 	low, raised, end := make(chan lowered), make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(raised) }) }
+	defer release() // the goroutine ends even when the test stops early
 	go func() {
 		defer close(end)
 		defer bg.Done()
@@ -212,7 +216,7 @@ func TestBackground(t *testing.T) {
 	}
 	if err := bg.Raise(); err != nil {
 		if errors.Is(err, unix.EPERM) && os.Geteuid() != 0 {
-			close(raised)
+			release()
 			t.Skipf("Raise: %v: leaving SCHED_IDLE takes CAP_SYS_NICE; run as root (CI does)", err)
 		}
 		t.Fatalf("Raise: %v", err)
@@ -220,7 +224,7 @@ func TestBackground(t *testing.T) {
 	if p, n, _ := threadPolicy(l.tid); p != ownPolicy || n != ownNice {
 		t.Errorf("after Raise the thread has policy %d nice %d, want %d %d", p, n, ownPolicy, ownNice)
 	}
-	close(raised)
+	release()
 	<-end
 	if err := bg.Raise(); err != nil {
 		t.Errorf("Raise after Done: %v", err)
