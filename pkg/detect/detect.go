@@ -15,8 +15,6 @@ import (
 	"strconv"
 	"strings"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/kernel"
 	"github.com/driver-agent/driver-agent/pkg/osrelease"
@@ -261,7 +259,7 @@ func PCIDevices(sys string) ([]PCIDevice, error) {
 }
 
 func readHex(path string, bits int) (uint64, error) {
-	data, err := readAttr(path)
+	data, err := kernel.ReadAttr(path)
 	if err != nil {
 		return 0, err
 	}
@@ -271,34 +269,6 @@ func readHex(path string, bits int) (uint64, error) {
 		return 0, fmt.Errorf("%s: %w", path, err)
 	}
 	return v, nil
-}
-
-// readAttr reads a sysfs attribute of at most 63 bytes in three system calls (open, read,
-// close), where os.Open and io.ReadAll take five.
-func readAttr(path string) ([]byte, error) {
-	fd, err := retryEINTR(func() (int, error) { return unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0) })
-	if err != nil {
-		return nil, &fs.PathError{Op: "open", Path: path, Err: err}
-	}
-	defer unix.Close(fd)
-	var buf [64]byte
-	n, err := retryEINTR(func() (int, error) { return unix.Read(fd, buf[:]) })
-	switch {
-	case err != nil:
-		return nil, &fs.PathError{Op: "read", Path: path, Err: err}
-	case n == len(buf):
-		return nil, fmt.Errorf("read %s: longer than %d bytes", path, len(buf)-1)
-	}
-	return buf[:n], nil
-}
-
-func retryEINTR(f func() (int, error)) (int, error) {
-	for {
-		n, err := f()
-		if !errors.Is(err, unix.EINTR) {
-			return n, err
-		}
-	}
 }
 
 // SwitchTrays is what the InfiniBand devices' VPDs say about NVLink5 switch trays.

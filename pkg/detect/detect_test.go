@@ -1,9 +1,7 @@
 package detect
 
 import (
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -125,8 +123,7 @@ func TestPCISubsystemIDs(t *testing.T) {
 }
 
 // Only NVIDIA and Mellanox devices are read past their vendor: another vendor's device with an
-// unreadable class is neither listed nor an error; an NVIDIA one is an error naming the file, and
-// an attribute too long for a sysfs value is refused.
+// unreadable class is neither listed nor an error; an NVIDIA one is an error naming the file.
 func TestPCIDevicesReadsOnlyNVIDIAAndMellanox(t *testing.T) {
 	t.Parallel()
 	sys := t.TempDir()
@@ -136,7 +133,7 @@ func TestPCIDevicesReadsOnlyNVIDIAAndMellanox(t *testing.T) {
 		"0000:41:00.0": {"vendor": "0x10de", "device": "0x2330", "class": "0x030200"},
 		"0000:42:00.0": {"vendor": "0x15b3", "device": "0x1021", "class": "0x020700"},
 		"0000:43:00.0": {"vendor": "0x10de", "device": "0x22a3", "class": "not hex"},
-		"0000:44:00.0": {"vendor": "0x10de", "device": "0x22a3", "class": "0x068000", "subsystem_vendor": "0x" + strings.Repeat("0", 70)},
+		"0000:44:00.0": {"vendor": "0x10de", "device": "0x22a3", "class": "0x068000"},
 	} {
 		dir := filepath.Join(sys, "bus/pci/devices", addr)
 		hosttest.Must(t, os.MkdirAll(dir, 0o755))
@@ -155,12 +152,6 @@ func TestPCIDevicesReadsOnlyNVIDIAAndMellanox(t *testing.T) {
 	want := []string{"0000:41:00.0 10de:2330 030200 sub 0000", "0000:42:00.0 15b3:1021 020700 sub 0000", "0000:44:00.0 10de:22a3 068000 sub 0000"}
 	if !slices.Equal(got, want) {
 		t.Errorf("devices:\n got %q\nwant %q", got, want)
-	}
-	if _, err := readAttr(filepath.Join(sys, "bus/pci/devices/0000:44:00.0/subsystem_vendor")); err == nil || !strings.Contains(err.Error(), "longer than 63 bytes") {
-		t.Errorf("a 73-byte attribute: %v", err)
-	}
-	if _, err := readAttr(filepath.Join(sys, "missing")); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("a missing attribute: %v, want fs.ErrNotExist", err)
 	}
 }
 

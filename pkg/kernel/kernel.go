@@ -15,6 +15,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // maxPseudoFile bounds reads of procfs and sysfs files.
@@ -22,6 +24,39 @@ const maxPseudoFile = 4 << 20
 
 // ReadSmall reads a pseudo-file of at most 4 MiB.
 func ReadSmall(path string) ([]byte, error) { return ReadLimit(path, maxPseudoFile) }
+
+// ReadAttr reads a sysfs text attribute, which the kernel hands out whole in one read of at most
+// a page, in three system calls (open, read, close; ReadSmall takes five): detection reads
+// several of each of a node's hundreds of PCI devices. More than a page is refused: the file is
+// no sysfs attribute.
+func ReadAttr(path string) ([]byte, error) {
+	fd, err := retryEINTR(func() (int, error) { return unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0) })
+	if err != nil {
+		return nil, &fs.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(fd)
+	buf := make([]byte, attrMax+1)
+	n, err := retryEINTR(func() (int, error) { return unix.Read(fd, buf) })
+	switch {
+	case err != nil:
+		return nil, &fs.PathError{Op: "read", Path: path, Err: err}
+	case n > attrMax:
+		return nil, fmt.Errorf("read %s: longer than the %d bytes of a sysfs attribute", path, attrMax)
+	}
+	return buf[:n], nil
+}
+
+// attrMax is the most a sysfs attribute holds (PAGE_SIZE on the architectures the agent runs on).
+const attrMax = 4096
+
+func retryEINTR(f func() (int, error)) (int, error) {
+	for {
+		n, err := f()
+		if !errors.Is(err, unix.EINTR) {
+			return n, err
+		}
+	}
+}
 
 // ReadLimit reads path whole, refusing a file larger than limit bytes without reading more
 // than limit+1 of it.
@@ -179,12 +214,12 @@ func ReadSysModule(sys, name string) (SysModule, error) {
 		return m, fmt.Errorf("module %s: %w", name, err)
 	}
 	m.Present = true
-	if data, err := ReadSmall(filepath.Join(dir, "version")); err == nil {
+	if data, err := ReadAttr(filepath.Join(dir, "version")); err == nil {
 		m.Version = strings.TrimSpace(string(data))
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return m, fmt.Errorf("module %s: %w", name, err)
 	}
-	if data, err := ReadSmall(filepath.Join(dir, "refcnt")); err == nil {
+	if data, err := ReadAttr(filepath.Join(dir, "refcnt")); err == nil {
 		m.Loaded, m.Unloadable = true, true
 		if m.RefCnt, err = strconv.Atoi(strings.TrimSpace(string(data))); err != nil {
 			return m, fmt.Errorf("module %s: bad refcnt %q", name, strings.TrimSpace(string(data)))

@@ -1,6 +1,8 @@
 package kernel
 
 import (
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -16,6 +18,30 @@ ipmi_devintf 20480 0 - Live 0x0000000000000000
 i2c_core 102400 1 nvidia, Loading 0x0000000000000000
 kvm 1146880 1 [permanent], Live 0x0000000000000000
 `
+
+// ReadAttr returns an attribute whole, a page at most; more is refused as no sysfs attribute,
+// and a missing file is fs.ErrNotExist.
+func TestReadAttr(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	page, over := strings.Repeat("7", attrMax), strings.Repeat("7", attrMax+1)
+	for name, v := range map[string]string{"vendor": "0x10de\n", "page": page, "over": over} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(v), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for name, want := range map[string]string{"vendor": "0x10de\n", "page": page} {
+		if got, err := ReadAttr(filepath.Join(dir, name)); err != nil || string(got) != want {
+			t.Errorf("ReadAttr(%s) = %d bytes, %v; want %d bytes", name, len(got), err, len(want))
+		}
+	}
+	if _, err := ReadAttr(filepath.Join(dir, "over")); err == nil || !strings.Contains(err.Error(), "longer than the 4096 bytes") {
+		t.Errorf("ReadAttr of %d bytes: %v", attrMax+1, err)
+	}
+	if _, err := ReadAttr(filepath.Join(dir, "missing")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("ReadAttr of a missing file: %v, want fs.ErrNotExist", err)
+	}
+}
 
 func TestParseModules(t *testing.T) {
 	t.Parallel()
