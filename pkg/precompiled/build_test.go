@@ -118,13 +118,13 @@ func materializeInputs(t *testing.T, dir string, vs []vector) {
 	writeFile(t, filepath.Join(dir, "proc2", "version"), []byte(in.Proc2))
 }
 
-func writeFile(t *testing.T, path string, data []byte) {
-	t.Helper()
+func writeFile(tb testing.TB, path string, data []byte) {
+	tb.Helper()
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	if err := os.WriteFile(path, data, 0o644); err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 }
 

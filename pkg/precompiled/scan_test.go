@@ -12,21 +12,27 @@ import (
 // and writes it to dir/name.
 func writePackage(t *testing.T, dir, name, driverVersion, banner string) string {
 	t.Helper()
+	path := filepath.Join(dir, name)
+	writeModulePackage(t, path, driverVersion, banner, []byte("module for "+name))
+	return path
+}
+
+// writeModulePackage writes a package of one kernel module, nvidia-uvm.ko holding data, to path.
+func writeModulePackage(tb testing.TB, path, driverVersion, banner string, data []byte) {
+	tb.Helper()
 	p := &Package{DriverVersion: driverVersion, Description: "test", ProcVersion: banner}
-	f, err := NewKernelModule("nvidia-uvm.ko", ".", []byte("module for "+name), false)
+	f, err := NewKernelModule("nvidia-uvm.ko", ".", data, false)
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	if err := p.Append(f); err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	b, err := p.Marshal()
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	path := filepath.Join(dir, name)
-	writeFile(t, path, b)
-	return path
+	writeFile(tb, path, b)
 }
 
 func TestScan(t *testing.T) {
@@ -211,21 +217,7 @@ func TestSkipKindString(t *testing.T) {
 func bigPackage(tb testing.TB, banner string, size int) string {
 	tb.Helper()
 	dir := tb.TempDir()
-	p := &Package{DriverVersion: "595.71.05", Description: "test", ProcVersion: banner}
-	f, err := NewKernelModule("nvidia.ko", ".", make([]byte, size), false)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if err := p.Append(f); err != nil {
-		tb.Fatal(err)
-	}
-	b, err := p.Marshal()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "nvidia-modules-6.1.0"), b, 0o644); err != nil {
-		tb.Fatal(err)
-	}
+	writeModulePackage(tb, filepath.Join(dir, "nvidia-modules-6.1.0"), "595.71.05", banner, make([]byte, size))
 	return dir
 }
 
