@@ -35,15 +35,15 @@ func ReadAttr(path string) ([]byte, error) {
 		return nil, &fs.PathError{Op: "open", Path: path, Err: err}
 	}
 	defer unix.Close(fd)
-	buf := make([]byte, attrMax+1)
-	n, err := retryEINTR(func() (int, error) { return unix.Read(fd, buf) })
+	var buf [attrMax + 1]byte
+	n, err := retryEINTR(func() (int, error) { return unix.Read(fd, buf[:]) })
 	switch {
 	case err != nil:
 		return nil, &fs.PathError{Op: "read", Path: path, Err: err}
 	case n > attrMax:
 		return nil, fmt.Errorf("read %s: longer than the %d bytes of a sysfs attribute", path, attrMax)
 	}
-	return buf[:n], nil
+	return bytes.Clone(buf[:n]), nil // the attribute's bytes, not a page, stay on the heap
 }
 
 // attrMax is the most a sysfs attribute holds (PAGE_SIZE on the architectures the agent runs on).
