@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -22,14 +21,28 @@ const ProgressMessage = "Building kernel modules:"
 // barWidth is the number of '#' of a full progress bar.
 const barWidth = 40
 
-// compiledObject matches kbuild's line for one compiled object in its
-// default (quiet) output, "  CC [M]  /path/to/nvidia/nv.o", and gives the
-// object.
-var compiledObject = regexp.MustCompile(`^\s*CC \[M\]\s+(\S+)`)
+// space is the set of bytes of regexp's \s.
+const space = "\t\n\f\r "
 
-// conftestLine matches a line of NVIDIA's configuration tests (" CONFTEST: drm/drm_drv.h"),
-// which run before the first object is compiled and take a good part of the build.
-var conftestLine = regexp.MustCompile(`^\s*CONFTEST: `)
+// compiledObject returns the object of kbuild's line for one compiled object in its default
+// (quiet) output, "  CC [M]  /path/to/nvidia/nv.o": group 1 of ^\s*CC \[M\]\s+(\S+).
+func compiledObject(line string) (string, bool) {
+	rest, ok := strings.CutPrefix(strings.TrimLeft(line, space), "CC [M]")
+	obj := strings.TrimLeft(rest, space)
+	if !ok || len(obj) == len(rest) {
+		return "", false
+	}
+	if i := strings.IndexAny(obj, space); i >= 0 {
+		obj = obj[:i]
+	}
+	return obj, obj != ""
+}
+
+// isConftest reports whether line, a line of NVIDIA's configuration tests (" CONFTEST: drm/drm_drv.h"),
+// matches ^\s*CONFTEST: . They run before the first object is compiled and take a good part of the build.
+func isConftest(line string) bool {
+	return strings.HasPrefix(strings.TrimLeft(line, space), "CONFTEST: ")
+}
 
 // countSources returns the number of C sources the kbuild run will compile
 // for modules: every word ending in ".c" in the modules' *.Kbuild files
@@ -104,9 +117,9 @@ func (p *progress) follow(r io.Reader, logFile io.Writer) error {
 			if werr == nil {
 				_, werr = io.WriteString(logFile, line)
 			}
-			if m := compiledObject.FindStringSubmatch(line); m != nil {
-				p.add(m[1])
-			} else if conftestLine.MatchString(line) {
+			if obj, ok := compiledObject(line); ok {
+				p.add(obj)
+			} else if isConftest(line) {
 				p.mu.Lock()
 				p.conftests++
 				p.mu.Unlock()

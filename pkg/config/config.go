@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -80,11 +79,49 @@ type Option struct {
 	set     func(c *Config, v string) error
 }
 
-var (
-	versionRE = regexp.MustCompile(`^[0-9]+\.[0-9]+(\.[0-9]+)?$`)
-	nvfmKeyRE = regexp.MustCompile(`^[A-Z0-9_]+$`)
-	wordRE    = regexp.MustCompile(`^[A-Za-z0-9_-]{1,32}$`)
-)
+// isVersion reports whether s matches ^[0-9]+\.[0-9]+(\.[0-9]+)?$.
+func isVersion(s string) bool {
+	n := numbers(s)
+	return n == 2 || n == 3
+}
+
+// numbers returns how many numbers s has if it matches ^[0-9]+(\.[0-9]+)*$, and 0 otherwise.
+func numbers(s string) int {
+	n := 0
+	for f := range strings.SplitSeq(s, ".") {
+		if !isRun(f, isDigit) {
+			return 0
+		}
+		n++
+	}
+	return n
+}
+
+// isNVFMKey reports whether s matches ^[A-Z0-9_]+$.
+func isNVFMKey(s string) bool {
+	return isRun(s, func(c byte) bool { return 'A' <= c && c <= 'Z' || isDigit(c) || c == '_' })
+}
+
+// isWord reports whether s matches ^[A-Za-z0-9_-]{1,32}$.
+func isWord(s string) bool {
+	return len(s) <= 32 && isRun(s, func(c byte) bool { return isAlnum(c) || c == '_' || c == '-' })
+}
+
+// isRun reports whether s is not empty and in accepts each of its bytes.
+func isRun(s string, in func(byte) bool) bool {
+	for i := range len(s) {
+		if !in(s[i]) {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// isDigit reports whether c matches [0-9].
+func isDigit(c byte) bool { return '0' <= c && c <= '9' }
+
+// isAlnum reports whether c matches [A-Za-z0-9].
+func isAlnum(c byte) bool { return 'A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || isDigit(c) }
 
 func agentEnv(flag string) string {
 	return "DRIVER_AGENT_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
@@ -234,7 +271,7 @@ func Options() []Option {
 			return nil
 		}}),
 		{Flag: "driver-version", Env: "DRIVER_VERSION", Usage: "NVIDIA driver version, e.g. 580.95.05 (required for init)", set: func(c *Config, v string) error {
-			if v != "" && !versionRE.MatchString(v) {
+			if v != "" && !isVersion(v) {
 				return errors.New("want a driver version such as 580.95.05")
 			}
 			c.DriverVersion = v
@@ -275,7 +312,7 @@ func Options() []Option {
 		{Flag: "node-name", Env: "NODE_NAME", Usage: "the Kubernetes node name (for logs and metrics)", set: str(func(c *Config) *string { return &c.NodeName })},
 		{Flag: "driver-type", Env: "DRIVER_TYPE", Default: "passthrough", Usage: "passthrough (bare metal or GPU passthrough) or vgpu (a vGPU guest: also copy the licensing files and run nvidia-gridd and nvidia-topologyd)", set: oneOf(func(c *Config) *string { return &c.DriverType }, "passthrough", "vgpu")},
 		{Flag: "vgpu-license-server-type", Env: "VGPU_LICENSE_SERVER_TYPE", Default: "NLS", Usage: "with DRIVER_TYPE=vgpu: NLS also copies <drivers-dir>/ClientConfigToken/* to /etc/nvidia/ClientConfigToken/ for nvidia-gridd; any other single word (a legacy license server) copies only gridd.conf", set: func(c *Config, v string) error {
-			if !wordRE.MatchString(v) {
+			if !isWord(v) {
 				return errors.New("want a single word such as NLS")
 			}
 			c.VGPULicenseType = v
@@ -369,7 +406,7 @@ func Parse(name string, args []string, environ []string, stderr io.Writer) (*Con
 // the fabric package's overrides.
 func CheckNVFMOverride(key, value string) error {
 	switch {
-	case !nvfmKeyRE.MatchString(key):
+	case !isNVFMKey(key):
 		return fmt.Errorf("NVFM_CONFIG_%s: the fabric manager key %q must match [A-Z0-9_]+", key, key)
 	case strings.ContainsAny(value, "\n\r\x00"):
 		return fmt.Errorf("NVFM_CONFIG_%s=%q: want a single-line value without NUL", key, value)

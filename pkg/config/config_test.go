@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -285,4 +286,32 @@ func FuzzExpandScriptShort(f *testing.F) {
 			t.Fatalf("%q -> %q changed the text", args, once)
 		}
 	})
+}
+
+// fuzzMatchesRegexp checks that match accepts exactly what the regexp pattern accepts, from seeds
+// and a few edge cases common to every pattern.
+func fuzzMatchesRegexp(f *testing.F, pattern string, match func(string) bool, seeds ...string) {
+	re := regexp.MustCompile(pattern)
+	for _, s := range append(seeds, "", " ", "\n", "\xff", "é", "\x00") {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if got, want := match(s), re.MatchString(s); got != want {
+			t.Fatalf("%q: matcher says %v, %s says %v", s, got, pattern, want)
+		}
+	})
+}
+
+func FuzzVersionMatchesRegexp(f *testing.F) {
+	fuzzMatchesRegexp(f, `^[0-9]+\.[0-9]+(\.[0-9]+)?$`, isVersion,
+		"1", "1.2", "1.2.3", "1.2.3.4", "580.95.05", "1.2\n", "1.2.3\n", " 1.2", "1..2", ".1.2", "1.2.", "1.2.3.", "١.٢", "1.2\xff", "1.2-3")
+}
+
+func FuzzNVFMKeyMatchesRegexp(f *testing.F) {
+	fuzzMatchesRegexp(f, `^[A-Z0-9_]+$`, isNVFMKey, "A", "FABRIC_MODE", "_9", "abc", "A-B", "A\n", "Ä", "A\xff", "A B")
+}
+
+func FuzzWordMatchesRegexp(f *testing.F) {
+	fuzzMatchesRegexp(f, `^[A-Za-z0-9_-]{1,32}$`, isWord, "NLS", "a", "_-", strings.Repeat("a", 31), strings.Repeat("a", 32),
+		strings.Repeat("a", 33), strings.Repeat("é", 16), "a b", "NLS\n", "a.b", "\tNLS")
 }

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io/fs"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strings"
 
@@ -24,8 +23,15 @@ import (
 // maxConfigSize bounds the fabricmanager.cfg the agent reads.
 const maxConfigSize = 1 << 20
 
-// settingKeyRE is what the parser takes for a setting's key in the file.
-var settingKeyRE = regexp.MustCompile(`^[A-Za-z0-9_]+$`)
+// isSettingKey reports whether s, a setting's key in the file, matches ^[A-Za-z0-9_]+$.
+func isSettingKey(s string) bool {
+	for i := range len(s) {
+		if c := s[i]; !('A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '_') {
+			return false
+		}
+	}
+	return s != ""
+}
 
 // forced is a setting the agent always writes, with why.
 type forced struct {
@@ -86,7 +92,7 @@ func parseSetting(text string) (key, val string) {
 	}
 	k, v, ok := strings.Cut(t, "=")
 	k = strings.TrimSpace(k)
-	if !ok || !settingKeyRE.MatchString(k) {
+	if !ok || !isSettingKey(k) {
 		return "", ""
 	}
 	return k, strings.TrimSpace(v)

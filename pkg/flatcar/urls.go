@@ -3,7 +3,6 @@ package flatcar
 import (
 	"fmt"
 	"net/url"
-	"regexp"
 	"slices"
 	"strings"
 
@@ -27,11 +26,60 @@ func DefaultURLs() []string {
 // tried after the node's own channel and the channel its version belongs to.
 var channelOrder = []string{"stable", "beta", "alpha", "lts"}
 
-var (
-	versionRE     = regexp.MustCompile(`^[0-9]+\.[0-9]+\.[0-9]+$`)
-	boardRE       = regexp.MustCompile(`^[a-z0-9_]+-usr$`)
-	placeholderRE = regexp.MustCompile(`\{[^{}]*\}`)
-)
+// isVersion reports whether s matches ^[0-9]+\.[0-9]+\.[0-9]+$.
+func isVersion(s string) bool {
+	n := 0
+	for f := range strings.SplitSeq(s, ".") {
+		if f == "" || strings.Trim(f, "0123456789") != "" {
+			return false
+		}
+		n++
+	}
+	return n == 3
+}
+
+// isBoard reports whether s matches ^[a-z0-9_]+-usr$.
+func isBoard(s string) bool {
+	arch, ok := strings.CutSuffix(s, "-usr")
+	return ok && arch != "" && strings.Trim(arch, "abcdefghijklmnopqrstuvwxyz0123456789_") == ""
+}
+
+// nextPlaceholder returns the bounds of the leftmost match of \{[^{}]*\} in t, or -1, -1: the
+// first '}' after a '{', and the last '{' before it.
+func nextPlaceholder(t string) (start, end int) {
+	open := strings.IndexByte(t, '{')
+	if open < 0 {
+		return -1, -1
+	}
+	end = strings.IndexByte(t[open:], '}')
+	if end < 0 {
+		return -1, -1
+	}
+	end += open
+	return strings.LastIndexByte(t[:end], '{'), end + 1
+}
+
+// placeholders returns the matches of \{[^{}]*\} in t, as regexp's FindAllString(t, -1) does.
+func placeholders(t string) []string {
+	var out []string
+	for start, end := nextPlaceholder(t); start >= 0; start, end = nextPlaceholder(t) {
+		out = append(out, t[start:end])
+		t = t[end:]
+	}
+	return out
+}
+
+// blankPlaceholders returns t with each match of \{[^{}]*\} replaced by "x", as regexp's
+// ReplaceAllString(t, "x") does.
+func blankPlaceholders(t string) string {
+	var b strings.Builder
+	for start, end := nextPlaceholder(t); start >= 0; start, end = nextPlaceholder(t) {
+		b.WriteString(t[:start])
+		b.WriteByte('x')
+		t = t[end:]
+	}
+	return b.String() + t
+}
 
 // Release names one Flatcar release build.
 type Release struct {
@@ -49,10 +97,10 @@ func (r Release) Validate() error {
 	if r.Channel != "" && !slices.Contains(channelOrder, r.Channel) {
 		return fmt.Errorf("%w: channel %q is not one of %s", ErrInvalid, r.Channel, strings.Join(channelOrder, ", "))
 	}
-	if !boardRE.MatchString(r.Board) {
+	if !isBoard(r.Board) {
 		return fmt.Errorf("%w: board %q is not like amd64-usr", ErrInvalid, r.Board)
 	}
-	if !versionRE.MatchString(r.Version) {
+	if !isVersion(r.Version) {
 		return fmt.Errorf("%w: version %q is not like 4593.2.0", ErrInvalid, r.Version)
 	}
 	return nil
@@ -82,14 +130,14 @@ func checkTemplates(templates []string) error {
 		return fmt.Errorf("%w: no release URL", ErrInvalid)
 	}
 	for _, t := range templates {
-		for _, p := range placeholderRE.FindAllString(t, -1) {
+		for _, p := range placeholders(t) {
 			switch p {
 			case "{channel}", "{board}", "{arch}", "{version}":
 			default:
 				return fmt.Errorf("%w: release URL %q: unknown placeholder %s (use {channel}, {board}, {arch}, {version})", ErrInvalid, t, p)
 			}
 		}
-		u, err := url.Parse(placeholderRE.ReplaceAllString(t, "x"))
+		u, err := url.Parse(blankPlaceholders(t))
 		if err != nil {
 			return fmt.Errorf("%w: release URL %q: %w", ErrInvalid, t, err)
 		}

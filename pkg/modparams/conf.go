@@ -151,7 +151,7 @@ func LoadDir(dir string, modules []string) (*Set, error) {
 	set := &Set{}
 	var errs []error
 	for _, m := range modules {
-		if !moduleRE.MatchString(m) {
+		if !isModule(m) {
 			errs = append(errs, fmt.Errorf("module %q: %w", m, ErrInvalidModule))
 			continue
 		}

@@ -2,6 +2,7 @@ package modparams
 
 import (
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 	"unicode"
@@ -53,4 +54,28 @@ func FuzzParseConf(f *testing.F) {
 			t.Fatalf("Set.Add rejected parsed parameters: %v", err)
 		}
 	})
+}
+
+// fuzzMatchesRegexp checks that match accepts exactly what the regexp pattern accepts, from seeds
+// and a few edge cases common to every pattern.
+func fuzzMatchesRegexp(f *testing.F, pattern string, match func(string) bool, seeds ...string) {
+	re := regexp.MustCompile(pattern)
+	for _, s := range append(seeds, "", " ", "\n", "\xff", "é", "\x00") {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if got, want := match(s), re.MatchString(s); got != want {
+			t.Fatalf("%q: matcher says %v, %s says %v", s, got, pattern, want)
+		}
+	})
+}
+
+func FuzzNameMatchesRegexp(f *testing.F) {
+	fuzzMatchesRegexp(f, `^[A-Za-z0-9_][A-Za-z0-9_.-]*$`, isName,
+		"NVreg_EnableGpuFirmware", "a", "_", "9.x-y", ".a", "-a", "a.", "a-", "a b", "a\n", "a=1", "aé", "a\xff")
+}
+
+func FuzzModuleMatchesRegexp(f *testing.F) {
+	fuzzMatchesRegexp(f, `^[A-Za-z0-9_-]+$`, isModule,
+		"nvidia", "nvidia-uvm", "nvidia_drm", "-", "_", "a.b", "nvidia\n", " nvidia", "nvidiaé", "a/b")
 }

@@ -16,7 +16,6 @@ package modparams
 import (
 	"errors"
 	"fmt"
-	"regexp"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -44,11 +43,28 @@ var (
 	ErrTooLong = errors.New("too long")
 )
 
-// nameRE is the accepted form of a parameter name.
-var nameRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]*$`)
+// isName reports whether s, a parameter name, matches ^[A-Za-z0-9_][A-Za-z0-9_.-]*$.
+func isName(s string) bool {
+	return s != "" && s[0] != '.' && s[0] != '-' && isRun(s, func(c byte) bool { return isModuleByte(c) || c == '.' })
+}
 
-// moduleRE is the accepted form of a module name.
-var moduleRE = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+// isModule reports whether s, a module name, matches ^[A-Za-z0-9_-]+$.
+func isModule(s string) bool { return isRun(s, isModuleByte) }
+
+// isModuleByte reports whether c matches [A-Za-z0-9_-].
+func isModuleByte(c byte) bool {
+	return 'A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '_' || c == '-'
+}
+
+// isRun reports whether s is not empty and in accepts each of its bytes.
+func isRun(s string, in func(byte) bool) bool {
+	for i := range len(s) {
+		if !in(s[i]) {
+			return false
+		}
+	}
+	return s != ""
+}
 
 // Param is one module parameter.
 type Param struct {
@@ -81,7 +97,7 @@ func (p Param) Validate() error {
 	if err := checkText(p.Name); err != nil {
 		return fmt.Errorf("%w in name", err)
 	}
-	if !nameRE.MatchString(p.Name) {
+	if !isName(p.Name) {
 		return fmt.Errorf("%w %q (want letters, digits, '_', '.' and '-', not starting with '.' or '-')", ErrInvalidName, p.Name)
 	}
 	if p.Flag && p.Value != "" {

@@ -35,7 +35,7 @@ func (s *Set) find(module string) *moduleParams {
 // Add validates module and ps and merges ps into the module's parameters,
 // in order. It adds nothing if any of them is invalid.
 func (s *Set) Add(module string, ps ...Param) error {
-	if !moduleRE.MatchString(module) {
+	if !isModule(module) {
 		return fmt.Errorf("module %q: %w", module, ErrInvalidModule)
 	}
 	for _, p := range ps {
@@ -172,7 +172,7 @@ func (f *Flag) Set(v string) error {
 	if !ok || module == "" || param == "" {
 		return fmt.Errorf("module parameter %q: want module.name=value", v)
 	}
-	if !moduleRE.MatchString(module) {
+	if !isModule(module) {
 		return fmt.Errorf("module parameter %q: %w %q", v, ErrInvalidModule, module)
 	}
 	p, err := ParseParam(param)

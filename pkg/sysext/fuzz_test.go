@@ -2,6 +2,8 @@ package sysext_test
 
 import (
 	"errors"
+	"regexp"
+	"slices"
 	"testing"
 
 	"github.com/driver-agent/driver-agent/pkg/sysext"
@@ -38,6 +40,29 @@ func FuzzRelease(f *testing.F) {
 			if err := sysext.Check("x", self, h); err != nil {
 				t.Fatalf("the host's own release %+v refused: %v", self, err)
 			}
+		}
+	})
+}
+
+// FuzzNameMatchesRegexp: ParseName returns the groups of the regexp it replaced, and fails where
+// the regexp does not match.
+func FuzzNameMatchesRegexp(f *testing.F) {
+	re := regexp.MustCompile(`^nvidia-driver-([0-9]+(?:\.[0-9]+)+)-flatcar([0-9]+\.[0-9]+\.[0-9]+)$`)
+	for _, s := range []string{"", "nvidia-driver-", "nvidia-driver-580.95.05-flatcar4593.2.0", "nvidia-driver-580-flatcar4593.2.0",
+		"nvidia-driver-1.2.3.4.5-flatcar1.2.3", "nvidia-driver-580.95-flatcar1.2", "nvidia-driver-580.95-flatcar1.2.3.4",
+		"nvidia-driver-580.95-flatcar1.2.3\n", " nvidia-driver-580.95-flatcar1.2.3", "nvidia-driver-580.95-flatcar-flatcar1.2.3",
+		"nvidia-driver-580..95-flatcar1.2.3", "nvidia-driver-.580-flatcar1.2.3", "nvidia-driver-580.-flatcar1.2.3",
+		"nvidia-driver-580.95-flatcar1.2.3.raw", "nvidia-driver-٥.٥-flatcar1.2.3", "nvidia-driver-5.5-flatcar1.2.3\xff"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, name string) {
+		var want []string
+		if m := re.FindStringSubmatch(name); m != nil {
+			want = m[1:]
+		}
+		driver, flatcar, ok := sysext.ParseName(name)
+		if got := []string{driver, flatcar}; ok != (want != nil) || ok && !slices.Equal(got, want) || !ok && got[0]+got[1] != "" {
+			t.Fatalf("ParseName(%q) = %q, %v; the regexp gives %q", name, got, ok, want)
 		}
 	})
 }

@@ -8,7 +8,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"regexp"
 	"strings"
 
 	"github.com/driver-agent/driver-agent/pkg/osrelease"
@@ -110,19 +109,32 @@ func Architecture(boardOrGOARCH string) (string, error) {
 // namePrefix starts the name of every extension this package makes.
 const namePrefix = "nvidia-driver-"
 
-var nameRE = regexp.MustCompile(`^nvidia-driver-([0-9]+(?:\.[0-9]+)+)-flatcar([0-9]+\.[0-9]+\.[0-9]+)$`)
-
 // Name is the extension's name for a driver version and Flatcar release:
 // nvidia-driver-<driver>-flatcar<version>; the image is Name + ".raw".
 func Name(driverVersion, flatcarVersion string) string {
 	return namePrefix + driverVersion + "-flatcar" + flatcarVersion
 }
 
-// ParseName returns the driver version and Flatcar release of a name made by Name.
+// ParseName returns the driver version and Flatcar release of a name made by Name: the groups of
+// ^nvidia-driver-([0-9]+(?:\.[0-9]+)+)-flatcar([0-9]+\.[0-9]+\.[0-9]+)$.
 func ParseName(name string) (driverVersion, flatcarVersion string, ok bool) {
-	m := nameRE.FindStringSubmatch(name)
-	if m == nil {
+	rest, ok := strings.CutPrefix(name, namePrefix)
+	// The driver version has no '-', so the first "-flatcar" ends it.
+	driverVersion, flatcarVersion, found := strings.Cut(rest, "-flatcar")
+	if !ok || !found || numbers(driverVersion) < 2 || numbers(flatcarVersion) != 3 {
 		return "", "", false
 	}
-	return m[1], m[2], true
+	return driverVersion, flatcarVersion, true
+}
+
+// numbers returns how many numbers s has if it matches ^[0-9]+(\.[0-9]+)*$, and 0 otherwise.
+func numbers(s string) int {
+	n := 0
+	for f := range strings.SplitSeq(s, ".") {
+		if f == "" || strings.Trim(f, "0123456789") != "" {
+			return 0
+		}
+		n++
+	}
+	return n
 }
