@@ -42,6 +42,11 @@ func WriteAtomic(path string, data []byte, perm os.FileMode) error {
 // beside path, which is then synced, given perm and renamed over path. When fill or any step fails
 // the temporary file is removed and path is left as it was; fill's error is returned as it is.
 func WriteAtomicFrom(path string, perm os.FileMode, fill func(io.Writer) error) error {
+	return replace(path, perm, true, fill)
+}
+
+// replace is WriteAtomicFrom, with the sync of the temporary file only when sync is set.
+func replace(path string, perm os.FileMode, sync bool, fill func(io.Writer) error) error {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
 	if err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
@@ -52,7 +57,10 @@ func WriteAtomicFrom(path string, perm os.FileMode, fill func(io.Writer) error) 
 		os.Remove(name)
 		return err
 	}
-	werr := tmp.Sync()
+	var werr error
+	if sync {
+		werr = tmp.Sync()
+	}
 	if werr == nil {
 		werr = tmp.Chmod(perm)
 	}
@@ -105,7 +113,7 @@ func (OSFiles) CopyFile(src, dst string, perm os.FileMode) error {
 		return err
 	}
 	defer in.Close()
-	return WriteAtomicFrom(dst, perm, func(w io.Writer) error {
+	return replace(dst, perm, false, func(w io.Writer) error {
 		if _, err := io.Copy(w, in); err != nil {
 			return fmt.Errorf("copy %s: %w", src, err)
 		}

@@ -106,7 +106,10 @@ type Files interface {
 	// RemoveAll removes path and everything under it; a missing path is not an error.
 	RemoveAll(path string) error
 	// CopyFile replaces dst atomically with a copy of the regular file src, with mode perm: the
-	// copy is written and synced beside dst and renamed over it, so no reader sees part of it.
+	// copy is written beside dst and renamed over it, so no reader sees part of it. It is not
+	// synced: after a crash of the node dst may be missing or short. The next start copies
+	// the container root's modules again, and the GSP firmware when its size differs; a sync
+	// would wait for the disk on every start.
 	CopyFile(src, dst string, perm os.FileMode) error
 	// Link makes dst a hard link to src; dst must not exist.
 	Link(src, dst string) error
