@@ -11,8 +11,9 @@ import (
 // is a synced file renamed into place, and a cached start passes a dozen steps (phases, daemon
 // changes) in a few hundred milliseconds. A step after a write waits for the next one, at most
 // statusEvery later; Ready, a failure and the teardown are written at once (writeStatus).
-// Real time, not the run's clock: the file is for people and scripts looking at the node.
-const statusEvery = 250 * time.Millisecond
+// Real time, not the run's clock: the file is for people and scripts looking at the node, for
+// whom a second is soon enough, and a start that gets Ready within it writes twice.
+const statusEvery = time.Second
 
 // statusFile serialises the writes of status.json and holds the one that is due.
 type statusFile struct {
