@@ -275,12 +275,14 @@ func (r *Runner) runForking(ctx context.Context) (crash, stopErr error) {
 // awaitPIDFile waits until the PID file names a running process of the daemon's program. It
 // checks again whenever something is written in the file's directory (inotify), and every
 // ProbeInterval besides (a process to verify may still be starting, or inotify is unavailable).
+// The directory is watched only after a first look: a daemon's launcher has mostly written
+// the file by the time it exits.
 func (r *Runner) awaitPIDFile(ctx context.Context, deadline Timer) (*tracked, error) {
-	w := watchDir(filepath.Dir(r.spec.PIDFile), r.log)
-	defer w.close()
+	var w *dirWatch
+	defer func() { w.close() }()
 	var lastErr error
 	warned := false
-	for {
+	for first := true; ; first = false {
 		pid, err := readPIDFile(r.spec.PIDFile)
 		if err == nil {
 			d, aerr := r.adopt(pid)
@@ -295,6 +297,11 @@ func (r *Runner) awaitPIDFile(ctx context.Context, deadline Timer) (*tracked, er
 			}
 		}
 		lastErr = err
+		if first {
+			// Look again at once: the file may have been written before the watch began.
+			w = watchDir(filepath.Dir(r.spec.PIDFile), r.log)
+			continue
+		}
 		t := r.opts.Clock.NewTimer(r.spec.ProbeInterval)
 		select {
 		case <-ctx.Done():
