@@ -388,7 +388,7 @@ func (r *run) prerequisites(files []modules.File) ([]modules.File, error) {
 			loaded[m.Name] = true
 		}
 	}
-	tree, err := modules.FindTree(r.Host.Roots, r.facts.KernelRelease)
+	tree, err := modules.FindTree(r.Host.Roots, r.facts.KernelRelease, wanted)
 	if err != nil {
 		r.Log.Warn("cannot load prerequisite modules; the NVIDIA modules may fail with unknown symbols", "wanted", wanted, "error", err)
 		return nil, nil

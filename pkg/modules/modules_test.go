@@ -239,7 +239,7 @@ func TestInUseNamesTheHolder(t *testing.T) {
 func TestParseDepAndClosure(t *testing.T) {
 	t.Parallel()
 	dep := "kernel/drivers/gpu/drm/drm.ko.xz: kernel/drivers/video/fbdev/core/fb.ko.xz kernel/drivers/i2c/i2c-core.ko.xz\nkernel/drivers/video/fbdev/core/fb.ko.xz:\nkernel/drivers/i2c/i2c-core.ko.xz:\n"
-	paths, deps, err := ParseDep(strings.NewReader(dep))
+	paths, deps, err := ParseDep(strings.NewReader(dep), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,7 +258,7 @@ func TestParseDepAndClosure(t *testing.T) {
 		t.Error("unknown module reported as known")
 	}
 	for _, bad := range []string{"no colon here\n", "/abs/path.ko:\n", "a.ko: ../../etc/x.ko\n"} {
-		if _, _, err := ParseDep(strings.NewReader(bad)); err == nil {
+		if _, _, err := ParseDep(strings.NewReader(bad), nil); err == nil {
 			t.Errorf("no error for %q", bad)
 		}
 	}
@@ -285,7 +285,7 @@ func FuzzParseDep(f *testing.F) {
 	f.Add("kernel/a.ko: kernel/b.ko\nkernel/b.ko:\n")
 	f.Add("x.ko.zst:\n\n")
 	f.Fuzz(func(t *testing.T, in string) {
-		paths, deps, err := ParseDep(strings.NewReader(in))
+		paths, deps, err := ParseDep(strings.NewReader(in), nil)
 		if err != nil {
 			return
 		}
@@ -318,7 +318,7 @@ func FuzzParseKmsg(f *testing.F) {
 // With the host root falling back to the container's, FindTree's error names each directory once.
 func TestFindTreeErrorNamesEachDirOnce(t *testing.T) {
 	dir := t.TempDir()
-	_, err := FindTree(host.Roots{Root: dir, HostRoot: dir}, "6.6.95-flatcar")
+	_, err := FindTree(host.Roots{Root: dir, HostRoot: dir}, "6.6.95-flatcar", []string{"nvidia"})
 	if err == nil {
 		t.Fatal("FindTree found a tree in an empty directory")
 	}
@@ -457,7 +457,7 @@ func TestTreeResolveLeavesTheKernelsFormat(t *testing.T) {
 	hosttest.Must(t, os.WriteFile(filepath.Join(dir, "kernel/ipmi_devintf.ko.xz"), xzbuf.Bytes(), 0o644))
 	hosttest.Must(t, os.WriteFile(filepath.Join(dir, "kernel/ipmi_msghandler.ko.zst"), zbuf.Bytes(), 0o644))
 	hosttest.Must(t, os.WriteFile(filepath.Join(dir, "modules.dep"), []byte("kernel/ipmi_devintf.ko.xz: kernel/ipmi_msghandler.ko.zst\nkernel/ipmi_msghandler.ko.zst:\n"), 0o644))
-	tree, err := ReadTree(dir)
+	tree, err := ReadTree(dir, []string{"ipmi_devintf"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package modules
 
 import (
 	"bufio"
+	"bytes"
 	"debug/elf"
 	"errors"
 	"fmt"
@@ -157,18 +158,22 @@ func plainInfo(path string) (modfile.ModInfo, error) {
 	return modfile.ParseModinfo(data), nil
 }
 
-// Tree is a kernel's module directory (<...>/lib/modules/<release>) with its depmod files.
+// Tree is a kernel's module directory (<...>/lib/modules/<release>) with what its depmod files
+// say of the modules it was read for (ReadTree's names) only: Deps has an entry, possibly empty,
+// for each of them that modules.dep lists, Paths also has their dependencies, and Builtin has
+// those of them built in. A dependency's own line is not read (unless it was asked for too): Deps
+// has no entry for it, so Resolve keeps it, in the kernel's format, where Closure put it.
 type Tree struct {
 	Dir     string
-	Deps    map[string][]string // module name -> dependency names, in load order
-	Paths   map[string]string   // module name -> file, relative to Dir
-	Builtin map[string]bool
+	Deps    map[string][]string // module read -> dependency names, deepest last
+	Paths   map[string]string   // module read, or a dependency of one -> file, relative to Dir
+	Builtin map[string]bool     // modules read that are built in
 }
 
 // FindTree returns the first of the candidate module directories for release that has a
-// modules.dep: the host's /usr/lib/modules (Flatcar), /lib/modules, /usr/lib64/modules (old
-// Flatcar), then the container's /lib/modules.
-func FindTree(r host.Roots, release string) (*Tree, error) {
+// modules.dep, read for the modules names (ReadTree): the host's /usr/lib/modules (Flatcar),
+// /lib/modules, /usr/lib64/modules (old Flatcar), then the container's /lib/modules.
+func FindTree(r host.Roots, release string, names []string) (*Tree, error) {
 	candidates := []string{
 		r.InHost("usr/lib/modules", release), r.InHost("lib/modules", release), r.InHost("usr/lib64/modules", release),
 		r.InRoot("lib/modules", release), r.InRoot("usr/lib/modules", release),
@@ -178,7 +183,7 @@ func FindTree(r host.Roots, release string) (*Tree, error) {
 		if slices.Contains(candidates[:i], dir) { // the host root is the container's (a fallback)
 			continue
 		}
-		t, err := ReadTree(dir)
+		t, err := ReadTree(dir, names)
 		if err == nil {
 			return t, nil
 		}
@@ -187,15 +192,21 @@ func FindTree(r host.Roots, release string) (*Tree, error) {
 	return nil, fmt.Errorf("no modules.dep for kernel %s: %w", release, errors.Join(errs...))
 }
 
-// ReadTree reads dir/modules.dep and, when present, dir/modules.builtin.
-func ReadTree(dir string) (*Tree, error) {
+// ReadTree reads dir/modules.dep and, when present, dir/modules.builtin for the modules names
+// ('-' and '_' alike). A module's line in modules.dep lists every module it needs, so only the
+// lines of names are parsed.
+func ReadTree(dir string, names []string) (*Tree, error) {
 	f, err := os.Open(filepath.Join(dir, "modules.dep"))
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
+	wanted := make(map[string]bool, len(names))
+	for _, n := range names {
+		wanted[kernel.Normalize(n)] = true
+	}
 	t := &Tree{Dir: dir}
-	if t.Paths, t.Deps, err = ParseDep(f); err != nil {
+	if t.Paths, t.Deps, err = ParseDep(f, func(name string) bool { return wanted[name] }); err != nil {
 		return nil, fmt.Errorf("%s: %w", f.Name(), err)
 	}
 	t.Builtin = map[string]bool{}
@@ -203,53 +214,101 @@ func ReadTree(dir string) (*Tree, error) {
 		defer b.Close()
 		sc := bufio.NewScanner(b)
 		for sc.Scan() {
-			if p := strings.TrimSpace(sc.Text()); p != "" {
-				t.Builtin[modfile.NameFromPath(p)] = true
+			if p := bytes.TrimSpace(sc.Bytes()); len(p) > 0 {
+				if name := pathName(p); wanted[name] {
+					t.Builtin[name] = true
+				}
 			}
 		}
 	}
 	return t, nil
 }
 
-// ParseDep parses modules.dep ("kernel/a/b.ko.xz: kernel/c.ko kernel/d.ko").
-func ParseDep(r io.Reader) (paths map[string]string, deps map[string][]string, err error) {
+// ParseDep parses modules.dep ("kernel/a/b.ko.xz: kernel/c.ko kernel/d.ko") for the modules want
+// accepts (by normalised name; every module when want is nil): deps has an entry, possibly empty,
+// for each of them, and paths has their files and their dependencies' (a module's own line wins
+// over the lines that name it as a dependency). The line of another module is read only as far as
+// its module name: only a line without one is an error there.
+func ParseDep(r io.Reader, want func(name string) bool) (paths map[string]string, deps map[string][]string, err error) {
 	paths, deps = map[string]string{}, map[string][]string{}
 	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 4096), 1<<20)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20) // reads of 64 KiB: modules.dep is 0.5 MiB or more
 	for n := 1; sc.Scan(); n++ {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" {
+		line := bytes.TrimSpace(sc.Bytes())
+		if len(line) == 0 {
 			continue
 		}
-		mod, rest, ok := strings.Cut(line, ":")
-		mod = strings.TrimSpace(mod)
-		if !ok || mod == "" || strings.Contains(mod, " ") || strings.HasPrefix(mod, "/") || strings.Contains(mod, "..") {
-			return nil, nil, fmt.Errorf("modules.dep line %d: want \"<module path>: <dependencies>\": %q", n, line)
+		mod, rest, ok := bytes.Cut(line, []byte(":"))
+		mod = bytes.TrimSpace(mod)
+		if !ok || len(mod) == 0 {
+			return nil, nil, badLine(n, line)
 		}
-		name := modfile.NameFromPath(mod)
-		paths[name] = mod
-		for _, d := range strings.Fields(rest) {
-			if strings.HasPrefix(d, "/") || strings.Contains(d, "..") {
-				return nil, nil, fmt.Errorf("modules.dep line %d: bad dependency %q", n, d)
-			}
-			deps[name] = append(deps[name], modfile.NameFromPath(d))
+		name := pathName(mod)
+		if want != nil && !want(name) {
+			continue
+		}
+		if bytes.IndexByte(mod, ' ') >= 0 || mod[0] == '/' || bytes.Contains(mod, []byte("..")) {
+			return nil, nil, badLine(n, line)
+		}
+		if err := addDep(paths, deps, name, string(mod), string(rest)); err != nil {
+			return nil, nil, fmt.Errorf("modules.dep line %d: %w", n, err)
 		}
 	}
 	return paths, deps, sc.Err()
 }
 
+// badLine is the error for line n of modules.dep, which is not "<module path>: <dependencies>".
+func badLine(n int, line []byte) error {
+	return fmt.Errorf("modules.dep line %d: want \"<module path>: <dependencies>\": %q", n, line)
+}
+
+// addDep records the module name at path and the dependencies rest (the rest of its line) lists:
+// their names in deps[name], in order, and their paths unless paths has them already.
+func addDep(paths map[string]string, deps map[string][]string, name, path, rest string) error {
+	paths[name] = path
+	ds := deps[name]
+	for _, d := range strings.Fields(rest) {
+		if strings.HasPrefix(d, "/") || strings.Contains(d, "..") {
+			return fmt.Errorf("bad dependency %q", d)
+		}
+		dn := modfile.NameFromPath(d)
+		if _, ok := paths[dn]; !ok {
+			paths[dn] = d
+		}
+		ds = append(ds, dn)
+	}
+	deps[name] = ds
+	return nil
+}
+
+// pathName is modfile.NameFromPath(string(path)) made with one allocation, the name's, for a file
+// name of up to 64 bytes: it is normalised ('-' to '_') before it becomes a string.
+func pathName(path []byte) string {
+	if i := bytes.LastIndexByte(path, '/'); i >= 0 && i < len(path)-1 {
+		path = path[i+1:]
+	}
+	var buf [64]byte
+	name := append(buf[:0], path...)
+	for i, c := range name {
+		if c == '-' {
+			name[i] = '_'
+		}
+	}
+	return modfile.NameFromPath(string(name))
+}
+
 // Closure returns the files to load for name, dependencies first (modules.dep lists them with the
 // deepest last), leaving out modules that are loaded or built in. ok is false when the tree does
-// not know the module at all.
+// not know the module: modules.dep does not list it, or the tree was not read for it (Tree).
 func (t *Tree) Closure(name string, loaded map[string]bool) (images []host.ModuleImage, ok bool) {
 	name = kernel.Normalize(name)
 	if t.Builtin[name] {
 		return nil, true
 	}
-	if _, known := t.Paths[name]; !known {
+	deps, read := t.Deps[name]
+	if !read {
 		return nil, false
 	}
-	deps := t.Deps[name]
 	for i := len(deps) - 1; i >= 0; i-- {
 		d := deps[i]
 		if loaded[d] || t.Builtin[d] {
