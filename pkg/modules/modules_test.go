@@ -543,3 +543,38 @@ func TestUnloadENOSYS(t *testing.T) {
 		t.Errorf("err = %v", err)
 	}
 }
+
+// A plain module of the tree is not read by Tree.Resolve: modules.dep gives its dependencies, and
+// the kernel reads the file. Its .modinfo is read only when a refusal needs it (fullInfo).
+func TestTreeResolveLeavesPlainModulesUnread(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	hosttest.Must(t, os.MkdirAll(filepath.Join(dir, "kernel"), 0o755))
+	hosttest.Must(t, os.WriteFile(filepath.Join(dir, "kernel/a.ko"), hosttest.ModuleELF("name=a", "version=1.0", "depends=b"), 0o644))
+	hosttest.Must(t, os.WriteFile(filepath.Join(dir, "kernel/b.ko"), []byte("not an ELF file"), 0o644))
+	hosttest.Must(t, os.WriteFile(filepath.Join(dir, "modules.dep"), []byte("kernel/a.ko: kernel/b.ko\nkernel/b.ko:\n"), 0o644))
+	tree, err := ReadTree(dir, []string{"a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	images, _ := tree.Closure("a", nil)
+	if _, err := Resolve(images); err == nil {
+		t.Fatal("Resolve read b.ko, which is not an ELF file, without an error; the test below would prove nothing")
+	}
+	files, err := tree.Resolve(images, modfile.None)
+	if err != nil {
+		t.Fatalf("Tree.Resolve read the plain modules: %v", err)
+	}
+	if len(files) != 2 || files[0].Image.Name != "b" || files[1].Image.Name != "a" {
+		t.Fatalf("files %+v, want b then a", files)
+	}
+	if f := files[1]; f.Image.Compressed || f.Image.Data != nil || !slices.Equal(f.Info.Depends, []string{"b"}) || f.Info.Version != "" {
+		t.Errorf("a: Compressed %v, %d bytes, info %+v: want the file for the kernel and modules.dep's dependencies only", f.Image.Compressed, len(f.Image.Data), f.Info)
+	}
+	if v := files[1].fullInfo().Version; v != "1.0" {
+		t.Errorf("fullInfo of a: version %q, want 1.0 from its .modinfo", v)
+	}
+	if got := files[0].fullInfo(); got.Name != "b" {
+		t.Errorf("fullInfo of the unreadable b = %+v, want what modules.dep gave", got)
+	}
+}

@@ -21,6 +21,9 @@ import (
 type File struct {
 	Image host.ModuleImage
 	Info  modfile.ModInfo
+	// partial: Info holds only the name and the dependencies modules.dep gives (Tree.Resolve);
+	// fullInfo reads the rest when a refusal needs it.
+	partial bool
 }
 
 // Resolve reads each image's .modinfo (decompressing .ko.xz/.ko.zst/.ko.gz into Data, reading
@@ -42,17 +45,20 @@ func KernelDecompresses(r host.Roots) modfile.Compression {
 	return c
 }
 
-// Resolve is the package's Resolve for modules of the tree, which modules.dep describes: a
-// module compressed in kc, the format the kernel decompresses itself (KernelDecompresses), is
-// not decompressed here; its dependencies come from modules.dep and the kernel gets the file
-// (Compressed). Decompressing xz in Go costs about as much as the rest of a cached start.
+// Resolve is the package's Resolve for modules of the tree, which modules.dep describes: a plain
+// module, or one compressed in kc, the format the kernel decompresses itself
+// (KernelDecompresses), is not read here; its dependencies come from modules.dep and the kernel
+// gets the file as it is (Compressed when compressed). Decompressing xz in Go costs about as
+// much as the rest of a cached start, and parsing a plain module's ELF headers for its .modinfo
+// several milliseconds of a start in the VM bench.
 func (t *Tree) Resolve(images []host.ModuleImage, kc modfile.Compression) ([]File, error) {
 	return resolve(images, func(im host.ModuleImage) (File, error) {
-		if c, err := modfile.CompressionFor(im.Path); err != nil || c == modfile.None || c != kc {
+		c, err := modfile.CompressionFor(im.Path)
+		if err != nil || c != modfile.None && c != kc {
 			return resolveOne(im)
 		}
-		im.Compressed = true
-		return File{Image: im, Info: modfile.ModInfo{Name: im.Name, Depends: t.Deps[im.Name]}}, nil
+		im.Compressed = c != modfile.None
+		return File{Image: im, Info: modfile.ModInfo{Name: im.Name, Depends: t.Deps[im.Name]}, partial: true}, nil
 	})
 }
 
@@ -89,17 +95,22 @@ func resolve(images []host.ModuleImage, one func(host.ModuleImage) (File, error)
 	return ordered, nil
 }
 
-// fullInfo is f's .modinfo; for a module the kernel decompresses, Tree.Resolve knew only its name
-// and dependencies, so it is read here, when a refusal needs its version or vermagic.
+// fullInfo is f's .modinfo; for a module of the tree Tree.Resolve knew only its name and
+// dependencies, so it is read here, when a refusal needs its version or vermagic.
 func (f File) fullInfo() modfile.ModInfo {
-	if !f.Image.Compressed {
+	if !f.partial {
 		return f.Info
 	}
-	m, err := modfile.Open(f.Image.Path)
-	if err != nil {
-		return f.Info
+	var info modfile.ModInfo
+	var err error
+	if f.Image.Compressed {
+		var m *modfile.Module
+		if m, err = modfile.Open(f.Image.Path); err == nil {
+			info, err = modfile.Info(m.Data)
+		}
+	} else {
+		info, err = plainInfo(f.Image.Path)
 	}
-	info, err := modfile.Info(m.Data)
 	if err != nil {
 		return f.Info
 	}
