@@ -126,7 +126,7 @@ func plural(n int, one, many string) string {
 
 func (l Loader) missingDepends(f File) []string {
 	var missing []string
-	for _, d := range f.Info.Depends {
+	for _, d := range f.fullInfo().Depends {
 		if sm, err := kernel.ReadSysModule(l.Host.Sys, d); err == nil && !sm.Present {
 			missing = append(missing, kernel.Normalize(d))
 		}

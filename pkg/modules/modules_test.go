@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -138,25 +139,33 @@ func TestErrnoMessages(t *testing.T) {
 		{unix.EPERM, exitcode.ErrModuleLoad, []string{"Secure Boot or lockdown"}},
 	}
 	for _, c := range cases {
-		t.Run(c.errno.Error(), func(t *testing.T) {
-			t.Parallel()
-			e := newEnv(t, map[string]hosttest.FakeModule{"nvidia": {Err: c.errno}})
-			kmsg := filepath.Join(e.roots.Dev, "kmsg")
-			hosttest.Must(t, os.WriteFile(kmsg, []byte("6,1,1,-;old line before the load\n"), 0o644))
-			e.host.Kernel = kmsgWriter{e.kernel, kmsg}
-			_, err := e.loader().Load(context.Background(), []File{e.module(t, "nvidia", "drm")})
-			if !errors.Is(err, c.class) {
-				t.Fatalf("err %v is not %v", err, c.class)
-			}
-			for _, w := range c.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("message\n%v\nlacks\n%s", err, w)
+		// The module resolved from its .modinfo, and as Tree.Resolve leaves one it did not read
+		// (its name only, no dependencies): the message is the same.
+		for _, unread := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%v/unread=%v", c.errno, unread), func(t *testing.T) {
+				t.Parallel()
+				e := newEnv(t, map[string]hosttest.FakeModule{"nvidia": {Err: c.errno}})
+				kmsg := filepath.Join(e.roots.Dev, "kmsg")
+				hosttest.Must(t, os.WriteFile(kmsg, []byte("6,1,1,-;old line before the load\n"), 0o644))
+				e.host.Kernel = kmsgWriter{e.kernel, kmsg}
+				f := e.module(t, "nvidia", "drm")
+				if unread {
+					f = File{Image: f.Image, Info: modfile.ModInfo{Name: f.Image.Name}, partial: true}
 				}
-			}
-			if strings.Contains(err.Error(), "old line") {
-				t.Error("kernel lines from before the load are reported")
-			}
-		})
+				_, err := e.loader().Load(context.Background(), []File{f})
+				if !errors.Is(err, c.class) {
+					t.Fatalf("err %v is not %v", err, c.class)
+				}
+				for _, w := range c.want {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("message\n%v\nlacks\n%s", err, w)
+					}
+				}
+				if strings.Contains(err.Error(), "old line") {
+					t.Error("kernel lines from before the load are reported")
+				}
+			})
+		}
 	}
 }
 

@@ -95,8 +95,9 @@ func resolve(images []host.ModuleImage, one func(host.ModuleImage) (File, error)
 	return ordered, nil
 }
 
-// fullInfo is f's .modinfo; for a module of the tree Tree.Resolve knew only its name and
-// dependencies, so it is read here, when a refusal needs its version or vermagic.
+// fullInfo is f's .modinfo; for a module of the tree Tree.Resolve knew only its name and the
+// dependencies modules.dep gives for a module it was read for, so it is read here, when a refusal
+// needs its version, vermagic or dependencies.
 func (f File) fullInfo() modfile.ModInfo {
 	if !f.partial {
 		return f.Info
