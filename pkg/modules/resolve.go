@@ -227,7 +227,7 @@ func ReadTree(dir string, names []string) (*Tree, error) {
 		sc := bufio.NewScanner(b)
 		for sc.Scan() {
 			if p := bytes.TrimSpace(sc.Bytes()); len(p) > 0 {
-				if name := pathName(p); wanted[name] {
+				if name := modfile.NameFromPath(string(p)); wanted[name] {
 					t.Builtin[name] = true
 				}
 			}
@@ -255,7 +255,7 @@ func ParseDep(r io.Reader, want func(name string) bool) (paths map[string]string
 		if !ok || len(mod) == 0 {
 			return nil, nil, badLine(n, line)
 		}
-		name := pathName(mod)
+		name := modfile.NameFromPath(string(mod))
 		if want != nil && !want(name) {
 			continue
 		}
@@ -291,22 +291,6 @@ func addDep(paths map[string]string, deps map[string][]string, name, path, rest 
 	}
 	deps[name] = ds
 	return nil
-}
-
-// pathName is modfile.NameFromPath(string(path)) made with one allocation, the name's, for a file
-// name of up to 64 bytes: it is normalised ('-' to '_') before it becomes a string.
-func pathName(path []byte) string {
-	if i := bytes.LastIndexByte(path, '/'); i >= 0 && i < len(path)-1 {
-		path = path[i+1:]
-	}
-	var buf [64]byte
-	name := append(buf[:0], path...)
-	for i, c := range name {
-		if c == '-' {
-			name[i] = '_'
-		}
-	}
-	return modfile.NameFromPath(string(name))
 }
 
 // Closure returns the files to load for name, dependencies first (modules.dep lists them with the
