@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -79,49 +80,27 @@ type Option struct {
 	set     func(c *Config, v string) error
 }
 
+// Byte classes of the option values' patterns.
+const (
+	digits = "0123456789"
+	upper  = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+	lower  = "abcdefghijklmnopqrstuvwxyz"
+)
+
 // isVersion reports whether s matches ^[0-9]+\.[0-9]+(\.[0-9]+)?$.
 func isVersion(s string) bool {
-	n := numbers(s)
-	return n == 2 || n == 3
-}
-
-// numbers returns how many numbers s has if it matches ^[0-9]+(\.[0-9]+)*$, and 0 otherwise.
-func numbers(s string) int {
-	n := 0
-	for f := range strings.SplitSeq(s, ".") {
-		if !isRun(f, isDigit) {
-			return 0
-		}
-		n++
-	}
-	return n
+	parts := strings.Split(s, ".")
+	return (len(parts) == 2 || len(parts) == 3) && !slices.ContainsFunc(parts, func(p string) bool { return !isOf(p, digits) })
 }
 
 // isNVFMKey reports whether s matches ^[A-Z0-9_]+$.
-func isNVFMKey(s string) bool {
-	return isRun(s, func(c byte) bool { return 'A' <= c && c <= 'Z' || isDigit(c) || c == '_' })
-}
+func isNVFMKey(s string) bool { return isOf(s, upper+digits+"_") }
 
 // isWord reports whether s matches ^[A-Za-z0-9_-]{1,32}$.
-func isWord(s string) bool {
-	return len(s) <= 32 && isRun(s, func(c byte) bool { return isAlnum(c) || c == '_' || c == '-' })
-}
+func isWord(s string) bool { return len(s) <= 32 && isOf(s, upper+lower+digits+"_-") }
 
-// isRun reports whether s is not empty and in accepts each of its bytes.
-func isRun(s string, in func(byte) bool) bool {
-	for i := range len(s) {
-		if !in(s[i]) {
-			return false
-		}
-	}
-	return s != ""
-}
-
-// isDigit reports whether c matches [0-9].
-func isDigit(c byte) bool { return '0' <= c && c <= '9' }
-
-// isAlnum reports whether c matches [A-Za-z0-9].
-func isAlnum(c byte) bool { return 'A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || isDigit(c) }
+// isOf reports whether s is not empty and has only bytes of set, which is ASCII.
+func isOf(s, set string) bool { return s != "" && strings.Trim(s, set) == "" }
 
 func agentEnv(flag string) string {
 	return "DRIVER_AGENT_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))

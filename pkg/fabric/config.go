@@ -25,12 +25,7 @@ const maxConfigSize = 1 << 20
 
 // isSettingKey reports whether s, a setting's key in the file, matches ^[A-Za-z0-9_]+$.
 func isSettingKey(s string) bool {
-	for i := range len(s) {
-		if c := s[i]; !('A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '_') {
-			return false
-		}
-	}
-	return s != ""
+	return s != "" && strings.Trim(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_") == ""
 }
 
 // forced is a setting the agent always writes, with why.

@@ -43,28 +43,16 @@ var (
 	ErrTooLong = errors.New("too long")
 )
 
+// moduleBytes are the bytes of a module name, [A-Za-z0-9_-].
+const moduleBytes = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-"
+
 // isName reports whether s, a parameter name, matches ^[A-Za-z0-9_][A-Za-z0-9_.-]*$.
 func isName(s string) bool {
-	return s != "" && s[0] != '.' && s[0] != '-' && isRun(s, func(c byte) bool { return isModuleByte(c) || c == '.' })
+	return s != "" && s[0] != '.' && s[0] != '-' && strings.Trim(s, moduleBytes+".") == ""
 }
 
 // isModule reports whether s, a module name, matches ^[A-Za-z0-9_-]+$.
-func isModule(s string) bool { return isRun(s, isModuleByte) }
-
-// isModuleByte reports whether c matches [A-Za-z0-9_-].
-func isModuleByte(c byte) bool {
-	return 'A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '_' || c == '-'
-}
-
-// isRun reports whether s is not empty and in accepts each of its bytes.
-func isRun(s string, in func(byte) bool) bool {
-	for i := range len(s) {
-		if !in(s[i]) {
-			return false
-		}
-	}
-	return s != ""
-}
+func isModule(s string) bool { return s != "" && strings.Trim(s, moduleBytes) == "" }
 
 // Param is one module parameter.
 type Param struct {
