@@ -208,9 +208,17 @@ func runInit(ctx context.Context, prog, cmd string, args, environ []string, stdo
 		a.Recorder = &host.Recorder{}
 		a.Host = host.DryRun(cfg.Roots, a.Recorder)
 	} else {
-		// Every child (daemons, the linker) is started and reaped in one place; as PID 1, or as a
-		// child subreaper otherwise, the agent also reaps what the daemons leave behind.
-		reaper, err := daemon.NewReaper(daemon.ReaperOptions{Log: log, All: true, Subreaper: os.Getpid() != 1})
+		sched, err := host.BatchThreads(runtime.NumCPU())
+		switch {
+		case err != nil:
+			log.Warn("not every thread of the agent is in SCHED_BATCH; it runs on as it is", "error", err)
+		case sched != nil:
+			log.Debug("threads in SCHED_BATCH, so that the runtime's monitor does not preempt the agent on the one CPU (host.BatchThreads)")
+		}
+		// Every child (daemons, the linker) is started and reaped in one place, with the
+		// scheduling the agent had; as PID 1, or as a child subreaper otherwise, the agent also
+		// reaps what the daemons leave behind.
+		reaper, err := daemon.NewReaper(daemon.ReaperOptions{Log: log, All: true, Subreaper: os.Getpid() != 1, ChildSched: sched})
 		if err != nil {
 			log.Error("cannot set up child process handling", "error", err)
 			return 1

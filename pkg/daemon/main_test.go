@@ -158,6 +158,21 @@ func helper(mode string) int {
 		_ = os.Remove(path)
 		fmt.Println("persistence daemon stopping")
 		return 0
+	case "sched": // print the scheduling policy it runs with
+		a, err := unix.SchedGetAttr(0, 0)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		fmt.Println(a.Policy)
+		return 0
+	case "child-sched":
+		if err := childSched(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		fmt.Println("ok")
+		return 0
 	case "own-reapers":
 		if err := ownReapers(); err != nil {
 			fmt.Fprintln(os.Stderr, err)
@@ -168,6 +183,45 @@ func helper(mode string) int {
 	}
 	fmt.Fprintf(os.Stderr, "unknown helper mode %q\n", mode)
 	return 2
+}
+
+// childSched starts a child through a reaper whose ChildSched is SCHED_BATCH, then one through a
+// reaper without: the first child runs in SCHED_BATCH, the second, like this thread, in SCHED_OTHER.
+func childSched() error {
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	own, err := unix.SchedGetAttr(0, 0)
+	if err != nil {
+		return err
+	}
+	for _, tc := range []struct {
+		sched *host.Sched
+		want  string
+	}{
+		{&host.Sched{Policy: unix.SCHED_BATCH, Nice: own.Nice}, strconv.Itoa(unix.SCHED_BATCH)},
+		{nil, strconv.Itoa(unix.SCHED_NORMAL)},
+	} {
+		r, err := daemon.NewReaper(daemon.ReaperOptions{ChildSched: tc.sched})
+		if err != nil {
+			return err
+		}
+		out, err := r.Output(context.Background(), host.Cmd{Path: exe, Env: helperEnviron("sched")})
+		if cerr := r.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
+		if got := strings.TrimSpace(string(out)); got != tc.want {
+			return fmt.Errorf("ChildSched %+v: the child runs with policy %s, want %s", tc.sched, got, tc.want)
+		}
+	}
+	if a, err := unix.SchedGetAttr(0, 0); err != nil || a.Policy != own.Policy {
+		return fmt.Errorf("this thread: scheduling %+v, %v; want policy %d as before", a, err, own.Policy)
+	}
+	return nil
 }
 
 // ownReapers runs two reapers that reap only their own children side by side.

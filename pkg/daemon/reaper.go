@@ -48,6 +48,9 @@ type ReaperOptions struct {
 	// of its children, such as a daemon that forks into the background, are reparented to it and
 	// can be reaped and watched. It is not needed, and not set, when the process is PID 1.
 	Subreaper bool
+	// ChildSched is the scheduling the children start with: the thread that starts them takes it
+	// (host.BatchThreads changes the agent's own). Nil: the thread's as it is.
+	ChildSched *host.Sched
 }
 
 // Reaper starts child processes and is the one place where the process waits for children: a
@@ -57,8 +60,9 @@ type ReaperOptions struct {
 //
 // A Reaper is created once by the command line front end and passed down; it is not a global.
 type Reaper struct {
-	log *slog.Logger
-	all bool
+	log        *slog.Logger
+	all        bool
+	childSched *host.Sched
 
 	mu     sync.Mutex // held while reaping and while signalling, so a PID is never reused under us
 	kids   map[int]*Child
@@ -106,6 +110,7 @@ func NewReaper(o ReaperOptions) (*Reaper, error) {
 	r := &Reaper{
 		log:         log,
 		all:         o.All,
+		childSched:  o.ChildSched,
 		kids:        map[int]*Child{},
 		orphans:     map[int]unix.WaitStatus{},
 		sigs:        make(chan os.Signal, 1),
@@ -293,10 +298,15 @@ func (r *Reaper) Close() error {
 
 // spawner starts every child from one OS thread that stays locked for the reaper's life, so the
 // children's parent-death signal (which follows the thread that forked them) fires only when the
-// reaper is closed or the agent dies. The thread is never unlocked: it ends with the goroutine.
+// reaper is closed or the agent dies, and so that the scheduling the children inherit
+// (ChildSched) is set on that thread alone. The thread is never unlocked: it ends with the
+// goroutine.
 func (r *Reaper) spawner() {
 	runtime.LockOSThread()
 	defer close(r.spawnerDone)
+	if err := r.childSched.Apply(); err != nil {
+		r.log.Warn("children start with the agent's scheduling", "error", err)
+	}
 	for req := range r.spawns {
 		p, err := os.StartProcess(req.path, req.argv, req.attr)
 		if err != nil {

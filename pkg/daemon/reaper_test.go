@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/driver-agent/driver-agent/pkg/daemon"
 	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/host/hosttest"
@@ -280,4 +282,21 @@ func TestReaperRunCancelKillsGroup(t *testing.T) {
 		t.Errorf("Run = %v, want context.Canceled", err)
 	}
 	waitGone(t, g)
+}
+
+// ChildSched: the children start with the scheduling given, set on the spawner's thread only;
+// without it they have the agent's. The reapers involved cannot run beside the shared reaper
+// (which reaps every child), so this runs in a child process of its own.
+func TestReaperChildSched(t *testing.T) {
+	t.Parallel()
+	if a, err := unix.SchedGetAttr(0, 0); err != nil || a.Policy != unix.SCHED_NORMAL {
+		t.Skipf("the test runs with scheduling %+v, %v; the check needs SCHED_OTHER", a, err)
+	}
+	out, err := testReaper.Output(context.Background(), fakeCmd(t, "child-sched"))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "ok") {
+		t.Fatalf("output %q", out)
+	}
 }

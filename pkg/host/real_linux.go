@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -228,6 +229,79 @@ func SpareProc(environ []string, cpus int) bool {
 	}
 	runtime.GOMAXPROCS(2)
 	return true
+}
+
+// Sched is a thread's scheduling policy (unix.SCHED_*) and nice value.
+type Sched struct {
+	Policy uint32
+	Nice   int32
+}
+
+// Apply gives the calling goroutine's thread s; nil changes nothing. The goroutine must stay
+// locked to its thread (runtime.LockOSThread) for the rest of its life, or others would run with s.
+func (s *Sched) Apply() error {
+	if s == nil {
+		return nil
+	}
+	if err := unix.SchedSetAttr(0, &unix.SchedAttr{Policy: s.Policy, Nice: s.Nice}, 0); err != nil {
+		return fmt.Errorf("set the thread's scheduling policy %d, nice %d: %w", s.Policy, s.Nice, err)
+	}
+	return nil
+}
+
+// BatchThreads puts every thread of the process in SCHED_BATCH on a machine of one CPU (cpus,
+// runtime.NumCPU) when the process runs in SCHED_OTHER, and returns the scheduling it had, for the
+// thread that starts children (Sched.Apply), so that they get what they would have had; it
+// returns nil when it changes nothing. The runtime's monitor thread (sysmon) polls every 20 µs
+// for a millisecond, then less and less often, each time it takes a P from a system call that has
+// blocked for 10 ms (finit_module, a wait for a child) and each time a system call ends its sleep
+// after the agent was idle: in a start on one vCPU about 300 to 600 wakeups, each of which
+// preempted the agent's work. A SCHED_BATCH thread that wakes does not preempt the running one; it
+// waits for the next tick. Threads started later inherit the policy from the thread that clones
+// them (the runtime clones from an unlocked thread, or from its template thread). When it fails
+// part of the way it returns the error with the scheduling to give children.
+func BatchThreads(cpus int) (*Sched, error) {
+	if cpus != 1 {
+		return nil, nil
+	}
+	own, err := unix.SchedGetAttr(0, 0)
+	if err != nil {
+		return nil, fmt.Errorf("read the scheduling policy: %w", err)
+	}
+	if own.Policy != unix.SCHED_NORMAL {
+		return nil, nil // chosen by whoever started the agent
+	}
+	s := &Sched{Policy: own.Policy, Nice: own.Nice}
+	// A thread cloned while the list is read may copy a thread not yet changed: read it again
+	// until a pass changes nothing.
+	for pass := 0; ; pass++ {
+		tasks, err := os.ReadDir("/proc/self/task")
+		if err != nil {
+			return s, fmt.Errorf("batch scheduling: %w", err)
+		}
+		changed := 0
+		for _, t := range tasks {
+			tid, err := strconv.Atoi(t.Name())
+			if err != nil {
+				continue
+			}
+			a, err := unix.SchedGetAttr(tid, 0)
+			if err != nil || a.Policy != unix.SCHED_NORMAL {
+				continue // ended, or already changed
+			}
+			a.Policy = unix.SCHED_BATCH
+			if err := unix.SchedSetAttr(tid, a, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+				return s, fmt.Errorf("batch scheduling of thread %d: %w", tid, err)
+			}
+			changed++
+		}
+		if changed == 0 {
+			return s, nil
+		}
+		if pass == 9 {
+			return s, errors.New("batch scheduling: threads are still being started after 10 passes")
+		}
+	}
 }
 
 // CPUs is how many CPUs the process's work may use at once (links, compile jobs): GOMAXPROCS,

@@ -286,3 +286,112 @@ func TestSpareProc(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchThreads: on one CPU every thread of the process goes to SCHED_BATCH with its nice
+// value, and so do threads started later; the Sched returned gives a locked thread back
+// SCHED_OTHER, and a child started there has it while one started elsewhere has SCHED_BATCH; more
+// CPUs, or a process no longer in SCHED_OTHER, are left alone. BatchThreads changes the whole
+// process, so the test runs in a child process of the test binary.
+func TestBatchThreads(t *testing.T) {
+	if os.Getenv("DRIVER_AGENT_TEST_BATCH") != "1" {
+		if p, _, _ := threadPolicy(unix.Gettid()); p != unix.SCHED_NORMAL {
+			t.Skipf("the test runs with scheduling policy %d, which BatchThreads leaves alone", p)
+		}
+		cmd := exec.Command(os.Args[0], "-test.run=^TestBatchThreads$", "-test.v")
+		cmd.Env = append(os.Environ(), "DRIVER_AGENT_TEST_BATCH=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "--- PASS: TestBatchThreads") {
+			t.Fatalf("the test in a child process failed (%v):\n%s", err, out)
+		}
+		return
+	}
+	_, nice, _ := threadPolicy(unix.Gettid())
+	policies := func() map[int]uint32 {
+		tasks, err := os.ReadDir("/proc/self/task")
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[int]uint32{}
+		for _, e := range tasks {
+			tid, _ := strconv.Atoi(e.Name())
+			if p, n, ok := threadPolicy(tid); ok {
+				m[tid] = p
+				if n != nice {
+					t.Errorf("thread %d has nice %d, want %d", tid, n, nice)
+				}
+			}
+		}
+		return m
+	}
+	if s, err := host.BatchThreads(2); s != nil || err != nil {
+		t.Fatalf("BatchThreads(2) = %+v, %v; want nil, nil", s, err)
+	}
+	for tid, p := range policies() {
+		if p != unix.SCHED_NORMAL {
+			t.Fatalf("after BatchThreads(2) thread %d has policy %d", tid, p)
+		}
+	}
+	s, err := host.BatchThreads(1)
+	if err != nil || s == nil || *s != (host.Sched{Policy: unix.SCHED_NORMAL, Nice: nice}) {
+		t.Fatalf("BatchThreads(1) = %+v, %v; want the process's SCHED_OTHER and nice %d", s, err, nice)
+	}
+	// Locked goroutines each hold a thread, so the runtime starts new ones for them.
+	release := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			<-release
+		}()
+	}
+	time.Sleep(50 * time.Millisecond)
+	all := policies()
+	close(release)
+	wg.Wait()
+	for tid, p := range all {
+		if p != unix.SCHED_BATCH {
+			t.Errorf("thread %d has policy %d, want SCHED_BATCH (%d)", tid, p, unix.SCHED_BATCH)
+		}
+	}
+	if len(all) < 5 {
+		t.Errorf("%d threads; the locked goroutines should have needed more", len(all))
+	}
+
+	child := func() uint32 {
+		cmd := exec.Command("sleep", "30")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+		p, _, ok := threadPolicy(cmd.Process.Pid)
+		if !ok {
+			t.Fatalf("no policy for child %d", cmd.Process.Pid)
+		}
+		return p
+	}
+	type result struct{ thread, child uint32 }
+	res := make(chan result)
+	go func() { // locked for good: the thread ends with the goroutine
+		runtime.LockOSThread()
+		if err := s.Apply(); err != nil {
+			t.Errorf("Apply: %v", err)
+		}
+		p, _, _ := threadPolicy(unix.Gettid())
+		res <- result{p, child()}
+	}()
+	if r := <-res; r.thread != unix.SCHED_NORMAL || r.child != unix.SCHED_NORMAL {
+		t.Errorf("after Apply the thread has policy %d and its child %d, want SCHED_OTHER (0) for both", r.thread, r.child)
+	}
+	if p := child(); p != unix.SCHED_BATCH {
+		t.Errorf("a child started from another thread has policy %d, want SCHED_BATCH (%d)", p, unix.SCHED_BATCH)
+	}
+	if s, err := host.BatchThreads(1); s != nil || err != nil {
+		t.Errorf("BatchThreads(1) in SCHED_BATCH = %+v, %v; want nil, nil (left alone)", s, err)
+	}
+	if err := (*host.Sched)(nil).Apply(); err != nil {
+		t.Errorf("nil Apply: %v", err)
+	}
+}

@@ -82,6 +82,12 @@ load_id() { readv /sys/module/nvidia/parameters/standin_load_id; }
 persistenced_running() {
 	[ -f "$PERSISTENCED_PIDFILE" ] && alive "$(cat "$PERSISTENCED_PIDFILE" 2>/dev/null)"
 }
+# sched_policies GLOB: the scheduling policy (/proc/PID/stat field 41) of each process or thread
+# whose /proc directory GLOB names, one per line.
+sched_policies() {
+	local d
+	for d in $1; do awk '{ print $41 }' "$d/stat"; done
+}
 firmware_path() { tr -d '\n' <"$FIRMWARE_PATH" 2>/dev/null; }
 
 # alive PID: the process exists and is not a zombie.

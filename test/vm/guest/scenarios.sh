@@ -111,7 +111,7 @@ scn_dry_run() {
 # lifecycle: init from the precompiled package to Ready, the whole node state while ready, then
 # SIGTERM undoes all of it and exits 0.
 scn_lifecycle() {
-	local log=/tmp/lifecycle.log major pid
+	local log=/tmp/lifecycle.log major pid pol
 	start_ready "$log" vmtest-a || return
 	wait_until 5 grep -q '"phase": "wait"' "$STATUS_JSON"
 	note "ready ${AGENT_READY_MS}ms ($(phase_ms))"
@@ -140,6 +140,14 @@ scn_lifecycle() {
 	[ -x "$DRIVER_ROOT/usr/local/bin/driver-agent" ] || fail "$DRIVER_ROOT does not show the container root"
 	check_eq "firmware search path" "$(firmware_path)" "$FIRMWARE_WANT"
 	persistenced_running || fail "nvidia-persistenced stand-in is not running"
+	if [ "$(nproc)" = 1 ]; then
+		# host.BatchThreads: the agent's threads in SCHED_BATCH (3) but the one that starts the
+		# children, which has the policy the agent started with (0), as its children do.
+		pol=$(sched_policies "/proc/$AGENT_PID/task/*")
+		check_eq "the agent's threads in SCHED_OTHER" "$(echo "$pol" | grep -cx 0)" 1
+		check_eq "the agent's threads in neither SCHED_OTHER nor SCHED_BATCH" "$(echo "$pol" | grep -cvx '[03]')" 0
+		check_eq "scheduling policy of nvidia-persistenced" "$(sched_policies "/proc/$(cat "$PERSISTENCED_PIDFILE")")" 0
+	fi
 	check_eq "$PIDFILE" "$(readv "$PIDFILE")" "$AGENT_PID"
 	check_eq "$STATE" "$(readv "$STATE")" vmtest-a
 	grep -q '"ready": *true' "$STATUS_JSON" 2>/dev/null || fail "$STATUS_JSON does not say ready"
