@@ -131,7 +131,7 @@ func (s stats) String() string {
 }
 
 // benchReport renders the figures: per kind the time to Ready and the teardown, the agent's
-// peak RSS and phases, and the ratios and overheads against the scripts (medians).
+// peak RSS, its threads' CPU time and time slices, its phases, and the ratios and overheads against the scripts (medians).
 func benchReport(recs []benchRecord, runs, cpus int, notes string) string {
 	field := func(kind, key string) []float64 {
 		var v []float64
@@ -164,6 +164,10 @@ func benchReport(recs []benchRecord, runs, cpus int, notes string) string {
 			m := summarize(hwm)
 			fmt.Fprintf(&b, "%-12s peak RSS (VmHWM) max %.1f MiB, median %.1f MiB (VmRSS at Ready median %.1f MiB)\n", "",
 				m.max/1024, m.median/1024, summarize(field(k, "rss_kb")).median/1024)
+		}
+		if c := field(k, "cpu_ms"); len(c) > 0 {
+			fmt.Fprintf(&b, "%-12s its threads at Ready: CPU median %.1f ms, time slices median %.0f\n", "",
+				summarize(c).median, summarize(field(k, "slices")).median)
 		}
 	}
 	if e := field("agent-exec", "exec_ms"); len(e) > 0 {

@@ -10,7 +10,7 @@
 # Each run prints one line for the harness to turn into figures; nothing here is a pass/fail
 # check on time (the scenario fails only when a run does not reach its end state):
 #   VMTEST-BENCH kind=<kind> run=<n> ready_ms=<ms> teardown_ms=<ms> [agent_ms=<ms> hwm_kb=<kb>
-#                rss_kb=<kb> rc=<rc> phases=<name>:<ms>,...] [link_ms=<ms> persistenced_ms=<ms>
+#                rss_kb=<kb> cpu_ms=<ms> slices=<n> rc=<rc> phases=<name>:<ms>,...] [link_ms=<ms> persistenced_ms=<ms>
 #                (script-full: the two ld, and the nvidia-persistenced stand-in's own start)]
 #   VMTEST-BENCH kind=agent-exec run=<n> exec_ms=<ms>  (`driver-agent version`: exec to exit)
 # With VMTEST_BENCH_B set (DRIVER_AGENT_VM_BENCH_B on the host), a second agent's precompiled and
@@ -100,7 +100,7 @@ bench_warm_ld() {
 # bench_agent KIND RUN [AGENT]: one run of AGENT (default driver-agent); prints its VMTEST-BENCH
 # line.
 bench_agent() {
-	local kind=$1 run=$2 agent=${3:-driver-agent} log=/tmp/bench-agent.log pid t0 t1 t2 t3 st hwm rss phases agent_ms stamps done_ms rc n=0
+	local kind=$1 run=$2 agent=${3:-driver-agent} log=/tmp/bench-agent.log pid t0 t1 t2 t3 st hwm rss cpu phases agent_ms stamps done_ms rc n=0
 	rm -f "$log"
 	ns_now
 	t0=$NS
@@ -136,6 +136,8 @@ bench_agent() {
 	t1=$(ready_ns "$done_ms" "$t0")
 	hwm=$(awk '$1 == "VmHWM:" { print $2 }' "/proc/$pid/status")
 	rss=$(awk '$1 == "VmRSS:" { print $2 }' "/proc/$pid/status")
+	# The CPU time and time slices of all its threads so far (schedstat: on-CPU ns, wait ns, slices).
+	cpu=$(cat /proc/$pid/task/*/schedstat | awk '{ c += $1; n += $3 } END { printf "cpu_ms=%.2f slices=%d", c / 1e6, n }')
 	phases=$(phase_ms)
 	ns_now
 	t2=$NS
@@ -146,7 +148,7 @@ bench_agent() {
 	t3=$NS
 	[ "$rc" = 0 ] || fail "$kind run $run: exit code $rc after SIGTERM"
 	[ -z "$(nv_modules)" ] || fail "$kind run $run: $(nv_modules) left loaded"
-	echo "VMTEST-BENCH kind=$kind run=$run ready_ms=$(fmt_ms $((t1 - t0))) teardown_ms=$(fmt_ms $((t3 - t2))) agent_ms=$agent_ms hwm_kb=$hwm rss_kb=$rss rc=$rc phases=$phases"
+	echo "VMTEST-BENCH kind=$kind run=$run ready_ms=$(fmt_ms $((t1 - t0))) teardown_ms=$(fmt_ms $((t3 - t2))) agent_ms=$agent_ms hwm_kb=$hwm rss_kb=$rss $cpu rc=$rc phases=$phases"
 }
 
 # log_stamps LOG: the time= stamps of the agent's first log line and of its "Done, now waiting
