@@ -337,17 +337,19 @@ func TestBatchThreads(t *testing.T) {
 	}
 	// Locked goroutines each hold a thread, so the runtime starts new ones for them.
 	release := make(chan struct{})
-	var wg sync.WaitGroup
+	var locked, wg sync.WaitGroup
 	for range 4 {
+		locked.Add(1)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
+			locked.Done()
 			<-release
 		}()
 	}
-	time.Sleep(50 * time.Millisecond)
+	locked.Wait()
 	all := policies()
 	close(release)
 	wg.Wait()

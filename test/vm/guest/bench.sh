@@ -137,7 +137,7 @@ bench_agent() {
 	hwm=$(awk '$1 == "VmHWM:" { print $2 }' "/proc/$pid/status")
 	rss=$(awk '$1 == "VmRSS:" { print $2 }' "/proc/$pid/status")
 	# The CPU time and time slices of all its threads so far (schedstat: on-CPU ns, wait ns, slices).
-	cpu=$(cat /proc/$pid/task/*/schedstat | awk '{ c += $1; n += $3 } END { printf "cpu_ms=%.2f slices=%d", c / 1e6, n }')
+	cpu=$(awk '{ c += $1; n += $3 } END { printf "cpu_ms=%.2f slices=%d", c / 1e6, n }' /proc/$pid/task/*/schedstat)
 	phases=$(phase_ms)
 	ns_now
 	t2=$NS
