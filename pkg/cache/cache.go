@@ -363,9 +363,15 @@ func (e Entry) OpenModule(name string) (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cache: %w", err)
 	}
-	defer root.Close()
+	// The modules directory is opened once: the file is then one name under it.
+	mods, err := root.OpenRoot(ModulesDir)
+	root.Close()
 	rel := filepath.Join(ModulesDir, sum.File)
-	f, err := openRegular(root, rel)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %s: %v", ErrCorrupt, e.Dir, ModulesDir, err)
+	}
+	defer mods.Close()
+	f, err := openRegular(mods, sum.File)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %s: %v", ErrCorrupt, e.Dir, rel, err)
 	}
@@ -436,6 +442,11 @@ func verify(dir string, key Key, contents bool) (Entry, error) {
 		return Entry{}, err
 	}
 	defer root.Close()
+	mods, err := root.OpenRoot(ModulesDir)
+	if err != nil {
+		return Entry{}, corrupt("%v", err)
+	}
+	defer mods.Close()
 
 	mf, err := root.Open(ManifestFile)
 	if err != nil {
@@ -452,14 +463,14 @@ func verify(dir string, key Key, contents bool) (Entry, error) {
 	e := Entry{Dir: dir, Manifest: m}
 	for _, mod := range m.Modules {
 		rel := filepath.Join(ModulesDir, mod.File)
-		if err := checkModule(root, rel, mod, contents); err != nil {
+		if err := checkModule(mods, mod.File, mod, contents); err != nil {
 			return Entry{}, corrupt("%s: %v", rel, err)
 		}
 		e.Modules = append(e.Modules, link.Module{Name: mod.Name, Path: filepath.Join(dir, rel), Signed: mod.Signed})
 	}
 	// modules/ holds what the manifest lists and nothing else: a manifest that lost a module
 	// does not pass for a smaller entry.
-	md, err := root.Open(ModulesDir)
+	md, err := mods.Open(".")
 	if err != nil {
 		return Entry{}, corrupt("%v", err)
 	}

@@ -218,17 +218,24 @@ func ParseCapability(data []byte) (Capability, error) {
 // anything else at the path is replaced. It returns the paths it created, for Remove.
 func Create(h host.Host, nodes []Node) ([]string, error) {
 	var created []string
+	dirs := map[string]bool{} // made already
 	for _, n := range nodes {
-		if ok, err := matches(n); err != nil {
+		exists, ok, err := matches(n)
+		switch {
+		case err != nil:
 			return created, err
-		} else if ok {
+		case ok:
 			continue
+		case exists:
+			if err := h.Files.Remove(n.Path); err != nil {
+				return created, fmt.Errorf("replace %s: %w", n.Path, err)
+			}
 		}
-		if err := h.Files.Remove(n.Path); err != nil {
-			return created, fmt.Errorf("replace %s: %w", n.Path, err)
-		}
-		if err := h.Files.MkdirAll(filepath.Dir(n.Path), 0o755); err != nil {
-			return created, err
+		if dir := filepath.Dir(n.Path); !dirs[dir] {
+			if err := h.Files.MkdirAll(dir, 0o755); err != nil {
+				return created, err
+			}
+			dirs[dir] = true
 		}
 		if err := h.Mknoder.Mknod(n.Path, n.perm(), n.Major, n.Minor); err != nil {
 			return created, fmt.Errorf("mknod %s %d:%d: %w", n.Path, n.Major, n.Minor, err)
@@ -238,16 +245,17 @@ func Create(h host.Host, nodes []Node) ([]string, error) {
 	return created, nil
 }
 
-func matches(n Node) (bool, error) {
+// matches says whether something is at n's path, and whether it is n itself.
+func matches(n Node) (exists, ok bool, err error) {
 	var st unix.Stat_t
-	err := unix.Lstat(n.Path, &st)
+	err = unix.Lstat(n.Path, &st)
 	if errors.Is(err, fs.ErrNotExist) {
-		return false, nil
+		return false, false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("stat %s: %w", n.Path, err)
+		return false, false, fmt.Errorf("stat %s: %w", n.Path, err)
 	}
-	return st.Mode&unix.S_IFMT == unix.S_IFCHR && unix.Major(st.Rdev) == n.Major && unix.Minor(st.Rdev) == n.Minor && os.FileMode(st.Mode).Perm() == n.perm(), nil
+	return true, st.Mode&unix.S_IFMT == unix.S_IFCHR && unix.Major(st.Rdev) == n.Major && unix.Minor(st.Rdev) == n.Minor && os.FileMode(st.Mode).Perm() == n.perm(), nil
 }
 
 // Remove removes the given nodes (those Create made), last first.

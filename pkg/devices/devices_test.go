@@ -150,9 +150,37 @@ func TestRealNodesKeptOrReplaced(t *testing.T) {
 		t.Errorf("created %v: the correct nvidiactl must be kept, the wrong nvidia0 replaced", created)
 	}
 	for _, n := range nodes {
-		if ok, err := matches(n); !ok || err != nil {
+		if _, ok, err := matches(n); !ok || err != nil {
 			t.Errorf("%s does not match after Create: %v", n.Path, err)
 		}
+	}
+}
+
+// TestCreateWhereNothingIs: a node that is not there is made without removing anything first,
+// and each directory is made once.
+func TestCreateWhereNothingIs(t *testing.T) {
+	dev := t.TempDir()
+	rec := &host.Recorder{}
+	h := host.Host{Mknoder: rec, Files: rec}
+	nodes := []Node{
+		{Path: filepath.Join(dev, "nvidiactl"), Major: 195, Minor: 255},
+		{Path: filepath.Join(dev, "nvidia0"), Major: 195, Minor: 0},
+		{Path: filepath.Join(dev, "nvidia-caps", "nvidia-cap1"), Major: 236, Minor: 1},
+	}
+	created, err := Create(h, nodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(created) != 3 {
+		t.Errorf("created %v, want all three", created)
+	}
+	var got []string
+	for _, a := range rec.Actions() {
+		got = append(got, a.Kind+" "+strings.TrimPrefix(a.Target, dev))
+	}
+	want := []string{"mkdir ", "mknod /nvidiactl", "mknod /nvidia0", "mkdir /nvidia-caps", "mknod /nvidia-caps/nvidia-cap1"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("actions %q, want %q", got, want)
 	}
 }
 

@@ -68,9 +68,11 @@ func replace(path string, perm os.FileMode, sync bool, fill func(io.Writer) erro
 		os.Remove(name)
 		return fmt.Errorf("write %s: %w", path, err)
 	}
-	if err := os.Rename(name, path); err != nil {
+	// rename(2) itself: os.Rename first stats path to refuse a directory, which rename(2)
+	// refuses as well (EISDIR), and a run writes a dozen such files.
+	if err := syscall.Rename(name, path); err != nil {
 		os.Remove(name)
-		return fmt.Errorf("write %s: %w", path, err)
+		return fmt.Errorf("write %s: %w", path, &os.LinkError{Op: "rename", Old: name, New: path, Err: err})
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 )
 
@@ -45,6 +46,26 @@ func TestWriteAtomicFrom(t *testing.T) {
 	entries, err := os.ReadDir(dir)
 	if err != nil || len(entries) != 1 {
 		t.Fatalf("the directory holds %v, %v; want only f", entries, err)
+	}
+}
+
+// TestWriteAtomicOntoDirectory: a write whose path is a directory fails, leaving the directory
+// as it was and no temporary file beside it.
+func TestWriteAtomicOntoDirectory(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "d")
+	if err := os.MkdirAll(filepath.Join(path, "inside"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	err := WriteAtomic(path, []byte("x"), 0o644)
+	if !errors.Is(err, syscall.EISDIR) {
+		t.Fatalf("WriteAtomic onto a directory = %v, want EISDIR", err)
+	}
+	if _, err := os.Stat(filepath.Join(path, "inside")); err != nil {
+		t.Fatalf("the directory changed: %v", err)
+	}
+	if entries, err := os.ReadDir(dir); err != nil || len(entries) != 1 {
+		t.Fatalf("the parent holds %v, %v; want only d", entries, err)
 	}
 }
 

@@ -448,6 +448,31 @@ func TestUnloadCancelled(t *testing.T) {
 // go to it as files (no Data, dependencies from modules.dep, Compressed); the others are
 // decompressed here; the fake kernel, like the real one, decompresses what it is handed, and a
 // refusal still reads the module's own .modinfo for its message.
+// TestResolveReadsTheOpenFile: a module open already (a cache entry's, verified through its
+// descriptor) has its .modinfo read through that descriptor, not from its path, and stays open.
+func TestResolveReadsTheOpenFile(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "nvidia-uvm.ko")
+	hosttest.Must(t, os.WriteFile(path, hosttest.ModuleELF("name=nvidia_uvm", "depends=nvidia", "version=580.95.05"), 0o644))
+	f, err := os.Open(path)
+	hosttest.Must(t, err)
+	defer f.Close()
+	// What the path names now is another file: only the descriptor has the verified bytes.
+	hosttest.Must(t, os.Remove(path))
+	hosttest.Must(t, os.WriteFile(path, hosttest.ModuleELF("name=nvidia_uvm", "depends=other", "version=1"), 0o644))
+	files, err := Resolve([]host.ModuleImage{{Name: "nvidia_uvm", Path: path, File: f}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info := files[0].Info; info.Version != "580.95.05" || !slices.Equal(info.Depends, []string{"nvidia"}) {
+		t.Errorf("modinfo %+v, want the open file's (version 580.95.05, depends nvidia)", info)
+	}
+	if _, err := f.Stat(); err != nil {
+		t.Errorf("the file was closed: %v", err)
+	}
+}
+
 func TestTreeResolveLeavesTheKernelsFormat(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, nil)

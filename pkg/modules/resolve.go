@@ -110,7 +110,7 @@ func (f File) fullInfo() modfile.ModInfo {
 			info, err = modfile.Info(m.Data)
 		}
 	} else {
-		info, err = plainInfo(f.Image.Path)
+		info, err = plainInfo(f.Image)
 	}
 	if err != nil {
 		return f.Info
@@ -134,7 +134,7 @@ func resolveOne(im host.ModuleImage) (File, error) {
 			info, err = modfile.Info(m.Data)
 		}
 	default:
-		info, err = plainInfo(im.Path)
+		info, err = plainInfo(im)
 	}
 	if err != nil {
 		return File{}, fmt.Errorf("module %s: %w", im.Path, err)
@@ -149,13 +149,22 @@ func resolveOne(im host.ModuleImage) (File, error) {
 }
 
 // plainInfo reads only the .modinfo section of an uncompressed module, so a 70 MiB nvidia.ko is
-// not read into memory just to learn its dependencies.
-func plainInfo(path string) (modfile.ModInfo, error) {
-	f, err := elf.Open(path)
+// not read into memory just to learn its dependencies. A module open already (File: one verified
+// as it was opened) is read through that descriptor, which stays open, and not opened again by path.
+func plainInfo(im host.ModuleImage) (modfile.ModInfo, error) {
+	var f *elf.File
+	var err error
+	if im.File != nil {
+		f, err = elf.NewFile(im.File)
+	} else {
+		f, err = elf.Open(im.Path)
+		if f != nil {
+			defer f.Close()
+		}
+	}
 	if err != nil {
 		return modfile.ModInfo{}, err
 	}
-	defer f.Close()
 	sec := f.Section(".modinfo")
 	if sec == nil {
 		return modfile.ModInfo{}, modfile.ErrNoModinfo
