@@ -363,14 +363,14 @@ func (e Entry) OpenModule(name string) (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cache: %w", err)
 	}
-	// The modules directory is opened once: the file is then one name under it.
+	// Under the modules directory the file is one name: its stat and its open walk no path.
 	mods, err := root.OpenRoot(ModulesDir)
 	root.Close()
-	rel := filepath.Join(ModulesDir, sum.File)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %s: %v", ErrCorrupt, e.Dir, ModulesDir, err)
 	}
 	defer mods.Close()
+	rel := filepath.Join(ModulesDir, sum.File)
 	f, err := openRegular(mods, sum.File)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %s: %v", ErrCorrupt, e.Dir, rel, err)

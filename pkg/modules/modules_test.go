@@ -444,10 +444,6 @@ func TestUnloadCancelled(t *testing.T) {
 	}
 }
 
-// TestTreeResolveLeavesTheKernelsFormat: modules of the tree in the format the kernel decompresses
-// go to it as files (no Data, dependencies from modules.dep, Compressed); the others are
-// decompressed here; the fake kernel, like the real one, decompresses what it is handed, and a
-// refusal still reads the module's own .modinfo for its message.
 // TestResolveReadsTheOpenFile: a module open already (a cache entry's, verified through its
 // descriptor) has its .modinfo read through that descriptor, not from its path, and stays open.
 func TestResolveReadsTheOpenFile(t *testing.T) {
@@ -473,6 +469,10 @@ func TestResolveReadsTheOpenFile(t *testing.T) {
 	}
 }
 
+// TestTreeResolveLeavesTheKernelsFormat: modules of the tree in the format the kernel decompresses
+// go to it as files (no Data, dependencies from modules.dep, Compressed); the others are
+// decompressed here; the fake kernel, like the real one, decompresses what it is handed, and a
+// refusal still reads the module's own .modinfo for its message.
 func TestTreeResolveLeavesTheKernelsFormat(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, nil)
