@@ -167,22 +167,22 @@ func helper(mode string) int {
 		fmt.Println(a.Policy)
 		return 0
 	case "child-sched":
-		if err := childSched(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		fmt.Println("ok")
-		return 0
+		return okOrError(childSched())
 	case "own-reapers":
-		if err := ownReapers(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		fmt.Println("ok")
-		return 0
+		return okOrError(ownReapers())
 	}
 	fmt.Fprintf(os.Stderr, "unknown helper mode %q\n", mode)
 	return 2
+}
+
+// okOrError is a helper mode's end: "ok" and 0, or the error on stderr and 1.
+func okOrError(err error) int {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Println("ok")
+	return 0
 }
 
 // childSched starts a child through a reaper whose ChildSched is SCHED_BATCH, then one through a

@@ -362,32 +362,43 @@ func TestBatchThreads(t *testing.T) {
 		t.Errorf("%d threads; the locked goroutines should have needed more", len(all))
 	}
 
-	child := func() uint32 {
+	// child starts a process from the calling thread and returns its policy; it may run off the
+	// test's goroutine, so it returns errors instead of failing the test.
+	child := func() (uint32, error) {
 		cmd := exec.Command("sleep", "30")
 		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
+			return 0, err
 		}
 		defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 		p, _, ok := threadPolicy(cmd.Process.Pid)
 		if !ok {
-			t.Fatalf("no policy for child %d", cmd.Process.Pid)
+			return 0, fmt.Errorf("no policy for child %d", cmd.Process.Pid)
 		}
-		return p
+		return p, nil
 	}
-	type result struct{ thread, child uint32 }
+	type result struct {
+		thread, child uint32
+		err           error
+	}
 	res := make(chan result)
 	go func() { // locked for good: the thread ends with the goroutine
 		runtime.LockOSThread()
 		if err := s.Apply(); err != nil {
-			t.Errorf("Apply: %v", err)
+			res <- result{err: fmt.Errorf("Apply: %w", err)}
+			return
 		}
 		p, _, _ := threadPolicy(unix.Gettid())
-		res <- result{p, child()}
+		c, err := child()
+		res <- result{p, c, err}
 	}()
-	if r := <-res; r.thread != unix.SCHED_NORMAL || r.child != unix.SCHED_NORMAL {
+	if r := <-res; r.err != nil {
+		t.Error(r.err)
+	} else if r.thread != unix.SCHED_NORMAL || r.child != unix.SCHED_NORMAL {
 		t.Errorf("after Apply the thread has policy %d and its child %d, want SCHED_OTHER (0) for both", r.thread, r.child)
 	}
-	if p := child(); p != unix.SCHED_BATCH {
+	if p, err := child(); err != nil {
+		t.Error(err)
+	} else if p != unix.SCHED_BATCH {
 		t.Errorf("a child started from another thread has policy %d, want SCHED_BATCH (%d)", p, unix.SCHED_BATCH)
 	}
 	if s, err := host.BatchThreads(1); s != nil || err != nil {

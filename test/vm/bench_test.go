@@ -131,7 +131,8 @@ func (s stats) String() string {
 }
 
 // benchReport renders the figures: per kind the time to Ready and the teardown, the agent's
-// peak RSS, its threads' CPU time and time slices, its phases, and the ratios and overheads against the scripts (medians).
+// peak RSS, its threads' CPU time and time slices, its phases, and the ratios and overheads
+// against the scripts (medians).
 func benchReport(recs []benchRecord, runs, cpus int, notes string) string {
 	field := func(kind, key string) []float64 {
 		var v []float64

@@ -10,8 +10,9 @@
 # Each run prints one line for the harness to turn into figures; nothing here is a pass/fail
 # check on time (the scenario fails only when a run does not reach its end state):
 #   VMTEST-BENCH kind=<kind> run=<n> ready_ms=<ms> teardown_ms=<ms> [agent_ms=<ms> hwm_kb=<kb>
-#                rss_kb=<kb> cpu_ms=<ms> slices=<n> rc=<rc> phases=<name>:<ms>,...] [link_ms=<ms> persistenced_ms=<ms>
-#                (script-full: the two ld, and the nvidia-persistenced stand-in's own start)]
+#                rss_kb=<kb> cpu_ms=<ms> slices=<n> rc=<rc> phases=<name>:<ms>,...]
+#                [link_ms=<ms> persistenced_ms=<ms> (script-full: the two ld, and the
+#                nvidia-persistenced stand-in's own start)]
 #   VMTEST-BENCH kind=agent-exec run=<n> exec_ms=<ms>  (`driver-agent version`: exec to exit)
 # With VMTEST_BENCH_B set (DRIVER_AGENT_VM_BENCH_B on the host), a second agent's precompiled and
 # cached runs join each round as kinds precompiled-b and cached-b, first in the even rounds.
