@@ -115,6 +115,8 @@ type run struct {
 	prereqs  []string           // prerequisite modules this run loaded
 	devices  []string           // device nodes this run created
 	inRoot   bool               // the modules are installed in the shared driver root
+	toRoot   []modules.File     // what load left to install in the driver root (startInstall)
+	install  *rootInstall       // that install, once started
 	sup      *daemon.Supervisor
 	undos    []undo
 	notes    []string // what the dry run's plan says besides its actions

@@ -13,6 +13,7 @@ import (
 
 	"github.com/driver-agent/driver-agent/pkg/depmod"
 	"github.com/driver-agent/driver-agent/pkg/exitcode"
+	"github.com/driver-agent/driver-agent/pkg/host"
 	"github.com/driver-agent/driver-agent/pkg/kernel"
 	"github.com/driver-agent/driver-agent/pkg/modules"
 )
@@ -36,40 +37,102 @@ func (r *run) modulesKept() (cacheDir, driverRoot string) {
 	return cacheDir, driverRoot
 }
 
+// startInstall starts installing in the driver root the modules load left for it (toRoot), in
+// a goroutine whose thread runs in SCHED_IDLE, and pushes the undo, which waits for it. The
+// daemons phase calls it once the first daemon, nvidia-persistenced, is started: that daemon's
+// start waits on the GPUs (on a node, each GPU's firmware; in the VM bench, the stand-in's
+// launcher sleeps), and the copies and the two index writes take that idle time instead of
+// adding to the start. A dry run installs at once, so that its plan is in a fixed order.
+// waitInstall, before the root is shared, gives the thread its priority back and waits.
+func (r *run) startInstall() {
+	files := r.toRoot
+	r.toRoot = nil
+	if len(files) == 0 {
+		return
+	}
+	in := &rootInstall{done: make(chan struct{}), bg: &host.Background{}}
+	r.install = in
+	r.push(PhaseDaemons, func(ctx context.Context) error {
+		r.waitInstall() // an error failed the run at share-root, or a failure before it did
+		if in.undo == nil {
+			return nil
+		}
+		return in.undo(ctx)
+	})
+	if r.Config.DryRun {
+		in.undo, in.err = r.installModules(files)
+		close(in.done)
+		return
+	}
+	go func() {
+		defer close(in.done)
+		defer in.bg.Done()
+		if err := in.bg.Lower(); err != nil {
+			r.Log.Debug("the driver root's install runs at normal priority", "error", err)
+		}
+		in.undo, in.err = r.installModules(files)
+	}()
+}
+
+// rootInstall is startInstall's goroutine: undo and err are set once done is closed.
+type rootInstall struct {
+	done chan struct{}
+	bg   *host.Background
+	undo func(context.Context) error // what it changed, nil when nothing
+	err  error
+}
+
+// waitInstall waits for the install startInstall began, if any, and returns its error.
+func (r *run) waitInstall() error {
+	in := r.install
+	if in == nil {
+		return nil
+	}
+	if err := in.bg.Raise(); err != nil {
+		r.Log.Debug("could not raise the driver root install's priority", "error", err)
+	}
+	<-in.done
+	if in.err == nil {
+		r.inRoot = true
+	}
+	return in.err
+}
+
 // installModules copies the NVIDIA modules of files into the container root's
 // /lib/modules/<kver>/kernel/drivers/video/ and adds them to modules.dep and modules.dep.bin
 // there, as NVIDIA's script does with nvidia-installer --kernel-module-only, so that `chroot
 // /run/nvidia/driver modprobe nvidia-peermem` (the peermem sidecar, and tools that expect it)
-// finds them. A modules.dep already there keeps its other lines. Teardown removes the files and
-// restores the index.
-func (r *run) installModules(files []modules.File) error {
+// finds them. A modules.dep already there keeps its other lines. It returns, with any error,
+// the undo of what it changed (nil when nothing): remove the files and restore the index.
+func (r *run) installModules(files []modules.File) (func(context.Context) error, error) {
 	// In the container root, which the node sees as /run/nvidia/driver.
 	moddir := r.Host.InRoot("lib/modules", r.facts.KernelRelease)
 	dir := filepath.Join(moddir, driverRootModuleDir)
 	r.Log.Info("Installing NVIDIA driver kernel modules...", "dir", dir)
 	oldDep, depErr := kernel.ReadLimit(filepath.Join(moddir, "modules.dep"), 64<<20)
 	if depErr != nil && !errors.Is(depErr, fs.ErrNotExist) {
-		return fmt.Errorf("%w: driver root: %w", exitcode.ErrModuleLoad, depErr)
+		return nil, fmt.Errorf("%w: driver root: %w", exitcode.ErrModuleLoad, depErr)
 	}
 	oldBin, binErr := kernel.ReadLimit(filepath.Join(moddir, "modules.dep.bin"), 64<<20)
 	if binErr != nil && !errors.Is(binErr, fs.ErrNotExist) {
-		return fmt.Errorf("%w: driver root: %w", exitcode.ErrModuleLoad, binErr)
+		return nil, fmt.Errorf("%w: driver root: %w", exitcode.ErrModuleLoad, binErr)
 	}
 	entries, err := depmod.Parse(bytes.NewReader(oldDep))
 	if err != nil {
-		return fmt.Errorf("%w: driver root %s: %w", exitcode.ErrModuleLoad, moddir, err)
+		return nil, fmt.Errorf("%w: driver root %s: %w", exitcode.ErrModuleLoad, moddir, err)
 	}
-	if err := r.mkdirUndo(PhaseLoad, dir); err != nil {
-		return fmt.Errorf("%w: driver root: %w", exitcode.ErrModuleLoad, err)
+	rmdirs, err := r.mkdirs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("%w: driver root: %w", exitcode.ErrModuleLoad, err)
 	}
 	var copied []string
-	r.push(PhaseLoad, func(context.Context) error {
+	undo := func(ctx context.Context) error {
 		errs := []error{restore(r, filepath.Join(moddir, "modules.dep"), oldDep, depErr), restore(r, filepath.Join(moddir, "modules.dep.bin"), oldBin, binErr)}
 		for _, p := range copied {
 			errs = append(errs, r.Host.Files.Remove(p))
 		}
-		return errors.Join(errs...)
-	})
+		return errors.Join(append(errs, rmdirs(ctx))...)
+	}
 	rel := map[string]string{} // module name -> path relative to moddir
 	for _, f := range files {
 		rel[f.Image.Name] = path.Join(driverRootModuleDir, strings.ReplaceAll(f.Image.Name, "_", "-")+moduleSuffix(f.Image.Path))
@@ -79,23 +142,22 @@ func (r *run) installModules(files []modules.File) error {
 	for _, f := range files {
 		to := filepath.Join(moddir, rel[f.Image.Name])
 		if err := r.linkOrCopy(f.Image.Path, to); err != nil {
-			return fmt.Errorf("%w: driver root: %w", exitcode.ErrModuleLoad, err)
+			return undo, fmt.Errorf("%w: driver root: %w", exitcode.ErrModuleLoad, err)
 		}
 		copied = append(copied, to)
 		entries = append(entries, depmod.Entry{Path: rel[f.Image.Name], Depends: closure(f.Image.Name, files, rel)})
 	}
 	bin, err := depmod.DepBin(entries)
 	if err != nil {
-		return fmt.Errorf("%w: driver root: %w", exitcode.ErrModuleLoad, err)
+		return undo, fmt.Errorf("%w: driver root: %w", exitcode.ErrModuleLoad, err)
 	}
 	if err := r.Host.Files.WriteFile(filepath.Join(moddir, "modules.dep"), depmod.Dep(entries), 0o644, true); err != nil {
-		return fmt.Errorf("%w: driver root: %w", exitcode.ErrModuleLoad, err)
+		return undo, fmt.Errorf("%w: driver root: %w", exitcode.ErrModuleLoad, err)
 	}
 	if err := r.Host.Files.WriteFile(filepath.Join(moddir, "modules.dep.bin"), bin, 0o644, true); err != nil {
-		return fmt.Errorf("%w: driver root: %w", exitcode.ErrModuleLoad, err)
+		return undo, fmt.Errorf("%w: driver root: %w", exitcode.ErrModuleLoad, err)
 	}
-	r.inRoot = true
-	return nil
+	return undo, nil
 }
 
 // linkOrCopy hard-links src at dst when both are on one filesystem (a module linked in the work

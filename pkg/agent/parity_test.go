@@ -347,6 +347,30 @@ func TestModulesInstalledInDriverRoot(t *testing.T) {
 	w.assertClean(t)
 }
 
+// TestDriverRootInstallFails: the driver root is filled while persistenced starts, after the
+// modules are loaded, so a failure there fails the start then: a load error naming the driver
+// root, and a teardown that puts back what the install did before it failed (nvidia.ko copied)
+// with everything else.
+func TestDriverRootInstallFails(t *testing.T) {
+	w := newWorld(t)
+	moddir := w.roots.InRoot("lib/modules/6.6.95-flatcar")
+	// Where nvidia-uvm.ko goes, a directory that is not empty: it cannot be replaced.
+	hosttest.Must(t, os.MkdirAll(filepath.Join(moddir, "kernel/drivers/video/nvidia-uvm.ko/keep"), 0o755))
+	hosttest.Must(t, os.WriteFile(filepath.Join(moddir, "modules.dep"), []byte("kernel/lib/crc7.ko:\n"), 0o644))
+	w.before = files(hosttest.Snapshot(t, w.dir))
+	a := w.agent(t)
+	log := &messages{}
+	a.Log = slog.New(log)
+	err := a.Run(context.Background())
+	if !errors.Is(err, exitcode.ErrModuleLoad) || !strings.Contains(err.Error(), "driver root") || !strings.Contains(err.Error(), "nvidia-uvm.ko") {
+		t.Fatalf("Run = %v, want a module load error in the driver root naming nvidia-uvm.ko", err)
+	}
+	log.inOrder(t, "Loading NVIDIA driver kernel modules...", "Starting NVIDIA persistence daemon...", "Installing NVIDIA driver kernel modules...",
+		"Stopping NVIDIA persistence daemon...", "Unloading NVIDIA driver kernel modules...")
+	os.Remove(w.roots.InRun("nvidia/driver-agent/status.json"))
+	w.assertClean(t)
+}
+
 // messages records the log's messages, in order.
 type messages struct {
 	mu    sync.Mutex
@@ -405,12 +429,16 @@ func TestScriptLogLines(t *testing.T) {
 	t.Run("full path", func(t *testing.T) {
 		w := newWorld(t)
 		log := w.runToReady(t, w.agent(t, "--gpu-direct-rdma"))
+		// The script installs the modules before it loads them; the agent installs them in the
+		// driver root while persistenced starts, and before it mounts that root.
 		log.inOrder(t,
 			"Starting installation of NVIDIA driver version 535.309.01 for Linux kernel version 6.6.95-flatcar",
-			"Installing NVIDIA driver kernel modules...",
 			"Configuring the following firmware search path in '"+w.roots.InSys("module/firmware_class/parameters/path")+"': /run/nvidia/driver/lib/firmware",
 			"Loading NVIDIA driver kernel modules...",
 			"Loading NVIDIA Peer Memory kernel module...",
+			"Starting NVIDIA persistence daemon...",
+			"Installing NVIDIA driver kernel modules...",
+			"Mounting NVIDIA driver rootfs...",
 			"Storing driver configuration digest...",
 			"Done, now waiting for signal")
 	})

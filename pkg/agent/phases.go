@@ -247,11 +247,10 @@ func (r *run) load(ctx context.Context) error {
 			return err
 		}
 	}
-	files := slices.Clone(r.files)
-	if err := r.installModules(files); err != nil {
-		return err
-	}
-	files = slices.DeleteFunc(files, func(f modules.File) bool { return slices.Contains(r.decision.Extra, f.Image.Name) })
+	// The driver root gets the modules while the first daemon starts (startInstall): nothing
+	// before the peermem sidecar, which waits for Ready, reads them there.
+	r.toRoot = slices.Clone(r.files)
+	files := slices.DeleteFunc(slices.Clone(r.files), func(f modules.File) bool { return slices.Contains(r.decision.Extra, f.Image.Name) })
 	if err := r.applyParams(files); err != nil {
 		return err
 	}
@@ -651,6 +650,7 @@ func (r *run) daemonsPhase(ctx context.Context) error {
 		if _, err := sup.Start(s); err != nil {
 			return fmt.Errorf("%w: %w", exitcode.ErrDaemon, err)
 		}
+		r.startInstall()
 		wctx, cancel := context.WithTimeout(ctx, daemonStartTimeout)
 		err := sup.WaitUp(wctx, s.Name)
 		cancel()
@@ -690,6 +690,7 @@ func (r *run) planDaemons(ctx context.Context) error {
 		}
 		p, _ := r.Host.Procs.Start(ctx, s.Cmd, host.StartOptions{}) // the recorder: the plan shows the command line
 		r.push(PhaseDaemons, func(context.Context) error { return p.Signal(syscall.SIGTERM) })
+		r.startInstall()
 	}
 	if len(plan.Daemons) > 0 {
 		if _, err := os.Stat(r.nvidiaSMI()); err != nil {
@@ -730,6 +731,9 @@ func daemonStatuses(sup *daemon.Supervisor) []status.Daemon {
 }
 
 func (r *run) shareRoot(context.Context) error {
+	if err := r.waitInstall(); err != nil { // the root is complete before the node sees it
+		return err
+	}
 	target := r.Host.InRun("nvidia/driver")
 	if mounted, err := kernel.IsMountPoint(r.Host.Proc, target); err != nil {
 		return err

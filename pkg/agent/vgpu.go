@@ -181,19 +181,25 @@ func (r *run) installDir(srcDir, dstDir string, perm os.FileMode) (int, error) {
 // mkdirUndo creates dir and its missing parents and registers their removal as an undo of phase
 // (deepest first; a directory something else has put files in stays).
 func (r *run) mkdirUndo(phase, dir string) error {
+	undo, err := r.mkdirs(dir)
+	if err == nil {
+		r.push(phase, undo)
+	}
+	return err
+}
+
+// mkdirs creates dir and its missing parents and returns their removal, deepest first (a
+// directory something else has put files in stays).
+func (r *run) mkdirs(dir string) (func(context.Context) error, error) {
 	missing := missingDirs(dir)
 	if err := r.Host.Files.MkdirAll(dir, 0o755); err != nil {
-		return err
+		return nil, err
 	}
-	if len(missing) == 0 {
-		return nil
-	}
-	r.push(phase, func(context.Context) error {
+	return func(context.Context) error {
 		var errs []error
 		for i := len(missing) - 1; i >= 0; i-- {
 			errs = append(errs, host.RemoveIfEmpty(r.Host.Files, missing[i]))
 		}
 		return errors.Join(errs...)
-	})
-	return nil
+	}, nil
 }
