@@ -53,7 +53,7 @@ func (r *run) startInstall() {
 	in := &rootInstall{done: make(chan struct{}), bg: &host.Background{}}
 	r.install = in
 	r.push(PhaseDaemons, func(ctx context.Context) error {
-		r.waitInstall() // an error failed the run at share-root, or a failure before it did
+		r.waitInstall() // its error was share-root's, or the run failed before that
 		if in.undo == nil {
 			return nil
 		}
@@ -131,7 +131,10 @@ func (r *run) installModules(files []modules.File) (func(context.Context) error,
 		for _, p := range copied {
 			errs = append(errs, r.Host.Files.Remove(p))
 		}
-		return errors.Join(append(errs, rmdirs(ctx))...)
+		if rmdirs != nil {
+			errs = append(errs, rmdirs(ctx))
+		}
+		return errors.Join(errs...)
 	}
 	rel := map[string]string{} // module name -> path relative to moddir
 	for _, f := range files {

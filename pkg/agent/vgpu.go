@@ -182,17 +182,17 @@ func (r *run) installDir(srcDir, dstDir string, perm os.FileMode) (int, error) {
 // (deepest first; a directory something else has put files in stays).
 func (r *run) mkdirUndo(phase, dir string) error {
 	undo, err := r.mkdirs(dir)
-	if err == nil {
+	if undo != nil {
 		r.push(phase, undo)
 	}
 	return err
 }
 
 // mkdirs creates dir and its missing parents and returns their removal, deepest first (a
-// directory something else has put files in stays).
+// directory something else has put files in stays); nil when none was missing.
 func (r *run) mkdirs(dir string) (func(context.Context) error, error) {
 	missing := missingDirs(dir)
-	if err := r.Host.Files.MkdirAll(dir, 0o755); err != nil {
+	if err := r.Host.Files.MkdirAll(dir, 0o755); err != nil || len(missing) == 0 {
 		return nil, err
 	}
 	return func(context.Context) error {
