@@ -167,8 +167,8 @@ func benchReport(recs []benchRecord, runs, cpus int, notes string) string {
 				m.max/1024, m.median/1024, summarize(field(k, "rss_kb")).median/1024)
 		}
 		if c := field(k, "cpu_ms"); len(c) > 0 {
-			fmt.Fprintf(&b, "%-12s its threads at Ready: CPU median %.1f ms, time slices median %.0f\n", "",
-				summarize(c).median, summarize(field(k, "slices")).median)
+			fmt.Fprintf(&b, "%-12s its threads at Ready: CPU median %.0f ms (10 ms ticks); those alive %.1f ms, time slices median %.0f\n", "",
+				summarize(c).median, summarize(field(k, "live_cpu_ms")).median, summarize(field(k, "slices")).median)
 		}
 	}
 	if e := field("agent-exec", "exec_ms"); len(e) > 0 {

@@ -10,7 +10,8 @@
 # Each run prints one line for the harness to turn into figures; nothing here is a pass/fail
 # check on time (the scenario fails only when a run does not reach its end state):
 #   VMTEST-BENCH kind=<kind> run=<n> ready_ms=<ms> teardown_ms=<ms> [agent_ms=<ms> hwm_kb=<kb>
-#                rss_kb=<kb> cpu_ms=<ms> slices=<n> rc=<rc> phases=<name>:<ms>,...]
+#                rss_kb=<kb> cpu_ms=<ms> live_cpu_ms=<ms> slices=<n> rc=<rc>
+#                phases=<name>:<ms>,...]
 #                [link_ms=<ms> persistenced_ms=<ms> (script-full: the two ld, and the
 #                nvidia-persistenced stand-in's own start)]
 #   VMTEST-BENCH kind=agent-exec run=<n> exec_ms=<ms>  (`driver-agent version`: exec to exit)
@@ -137,8 +138,12 @@ bench_agent() {
 	t1=$(ready_ns "$done_ms" "$t0")
 	hwm=$(awk '$1 == "VmHWM:" { print $2 }' "/proc/$pid/status")
 	rss=$(awk '$1 == "VmRSS:" { print $2 }' "/proc/$pid/status")
-	# The CPU time and time slices of all its threads so far (schedstat: on-CPU ns, wait ns, slices).
-	cpu=$(awk '{ c += $1; n += $3 } END { printf "cpu_ms=%.2f slices=%d", c / 1e6, n }' /proc/$pid/task/*/schedstat)
+	# Its CPU time so far: of all its threads, those that ended included (utime and stime in
+	# /proc/<pid>/stat, in ticks of 10 ms), and of those alive with their time slices (schedstat:
+	# on-CPU ns, wait ns, slices). A thread that a goroutine locked ends with it, taking its
+	# schedstat along.
+	cpu=$(awk '{ c += $1; n += $3 } END { printf "live_cpu_ms=%.2f slices=%d", c / 1e6, n }' /proc/$pid/task/*/schedstat)
+	cpu="$(sed 's/.*) //' "/proc/$pid/stat" | awk '{ printf "cpu_ms=%d", ($12 + $13) * 10 }') $cpu"
 	phases=$(phase_ms)
 	ns_now
 	t2=$NS
