@@ -50,7 +50,7 @@ func (r *run) startInstall() {
 	if len(files) == 0 {
 		return
 	}
-	in := &rootInstall{done: make(chan struct{}), bg: &host.Background{}}
+	in := &rootInstall{bg: &host.Background{}}
 	r.install = in
 	r.push(PhaseDaemons, func(ctx context.Context) error {
 		r.waitInstall() // its error was share-root's, or the run failed before that
@@ -61,22 +61,20 @@ func (r *run) startInstall() {
 	})
 	if r.Config.DryRun {
 		in.undo, in.err = r.installModules(files)
-		close(in.done)
 		return
 	}
-	go func() {
-		defer close(in.done)
-		defer in.bg.Done()
-		if err := in.bg.Lower(); err != nil {
-			r.Log.Debug("the driver root's install runs at normal priority", "error", err)
+	in.done = in.bg.Go(func(lowerErr error) {
+		if lowerErr != nil {
+			r.Log.Debug("the driver root's install runs at normal priority", "error", lowerErr)
 		}
 		in.undo, in.err = r.installModules(files)
-	}()
+	})
 }
 
-// rootInstall is startInstall's goroutine: undo and err are set once done is closed.
+// rootInstall is startInstall's goroutine: undo and err are set once done is closed (nil done:
+// a dry run's install, done at once).
 type rootInstall struct {
-	done chan struct{}
+	done <-chan struct{}
 	bg   *host.Background
 	undo func(context.Context) error // what it changed, nil when nothing
 	err  error
@@ -88,10 +86,12 @@ func (r *run) waitInstall() error {
 	if in == nil {
 		return nil
 	}
-	if err := in.bg.Raise(); err != nil {
-		r.Log.Debug("could not raise the driver root install's priority", "error", err)
+	if in.done != nil {
+		if err := in.bg.Raise(); err != nil {
+			r.Log.Debug("could not raise the driver root install's priority", "error", err)
+		}
+		<-in.done
 	}
-	<-in.done
 	if in.err == nil {
 		r.inRoot = true
 	}

@@ -86,7 +86,7 @@ type imageSource struct {
 	pkgPath    string               // its file
 	compile    compile.Options
 	compileErr error            // why the compile path cannot work, found by Find
-	storing    chan struct{}    // closed when the background cache store has ended
+	storing    <-chan struct{}  // closed when the background cache store has ended
 	storer     *host.Background // the store's thread: Wait raises it
 	stored     bool             // the store succeeded; read after storing is closed
 	found      bool             // Find ran
@@ -313,17 +313,13 @@ func (s *imageSource) storeInBackground(key cache.Key, mods []link.Module) {
 	if dir == "" {
 		return
 	}
-	done := make(chan struct{})
-	bg := &host.Background{}
-	s.storing, s.storer = done, bg
-	go func() {
-		defer close(done)
-		defer bg.Done()
-		// Ready waits for the store, the load does not: the load keeps the CPU, and the store takes
-		// what the load leaves idle (on a node with few CPUs, the daemons' start) until Wait
-		// raises it.
-		if err := bg.Lower(); err != nil {
-			s.log.Debug("the cache store runs at normal priority", "error", err)
+	s.storer = &host.Background{}
+	// Ready waits for the store, the load does not: the load keeps the CPU, and the store takes
+	// what the load leaves idle (on a node with few CPUs, the daemons' start) until Wait raises
+	// it.
+	s.storing = s.storer.Go(func(lowerErr error) {
+		if lowerErr != nil {
+			s.log.Debug("the cache store runs at normal priority", "error", lowerErr)
 		}
 		start := time.Now()
 		entry, err := cache.Store(dir, key, mods)
@@ -338,7 +334,7 @@ func (s *imageSource) storeInBackground(key cache.Key, mods []link.Module) {
 		} else if len(removed) > 0 {
 			s.log.Info("pruned the module cache", "removed", removed)
 		}
-	}()
+	})
 }
 
 // KeptIn says which module cache holds the modules this run uses, once Wait has returned: the

@@ -374,6 +374,19 @@ func (b *Background) Raise() error {
 	return nil
 }
 
+// Go runs fn in a goroutine of its own on a lowered thread (Lower, and Done once fn returns),
+// giving it Lower's error, and returns a channel that is closed when fn has returned. Whoever
+// waits for it calls Raise first.
+func (b *Background) Go(fn func(lowerErr error)) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer b.Done()
+		fn(b.Lower())
+	}()
+	return done
+}
+
 // Done says the goroutine that called Lower is about to end; defer it there.
 func (b *Background) Done() {
 	b.mu.Lock()

@@ -178,10 +178,11 @@ func threadPolicy(tid int) (policy uint32, nice int32, ok bool) {
 	return a.Policy, a.Nice, true
 }
 
-// TestBackground: Lower puts the calling goroutine's thread at idle priority, leaves the test's
-// own thread as it was, and leaves the process at least two Ps (one for the rest when the lowered
-// thread runs); Raise gives the thread back the policy and nice value it had; the thread ends
-// with the goroutine, and a Raise after Done, or a Lower after Raise, changes nothing.
+// TestBackground: Go runs its function in a goroutine of its own whose thread Lower put at idle
+// priority, leaves the test's own thread as it was, and leaves the process at least two Ps (one
+// for the rest when the lowered thread runs); Raise gives the thread back the policy and nice
+// value it had; Go's channel closes once the function has returned, the thread ends with the
+// goroutine, and a Raise after Done, or a Lower after Raise, changes nothing.
 func TestBackground(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))      // as on a node with one CPU
 	ownPolicy, ownNice, _ := threadPolicy(unix.Gettid()) // whatever the test runs at (nice make lint, ...)
@@ -191,28 +192,33 @@ func TestBackground(t *testing.T) {
 		policy uint32
 		err    error
 	}
-	low, raised, end := make(chan lowered), make(chan struct{}), make(chan struct{})
+	low, raised := make(chan lowered), make(chan struct{})
 	var once sync.Once
 	release := func() { once.Do(func() { close(raised) }) }
 	defer release() // the goroutine ends even when the test stops early
-	go func() {
-		defer close(end)
-		defer bg.Done()
-		err := bg.Lower()
+	end := bg.Go(func(lowerErr error) {
 		tid := unix.Gettid()
 		p, _, _ := threadPolicy(tid)
-		low <- lowered{tid, p, err}
+		low <- lowered{tid, p, lowerErr}
 		<-raised
-	}()
+	})
 	l := <-low
 	if l.err != nil || l.policy != unix.SCHED_IDLE {
 		t.Fatalf("Lower = %v; the thread's policy is %d, want SCHED_IDLE (%d)", l.err, l.policy, unix.SCHED_IDLE)
+	}
+	if l.tid == unix.Gettid() {
+		t.Error("Go's function ran on the test's thread")
 	}
 	if p, n, _ := threadPolicy(unix.Gettid()); p != ownPolicy || n != ownNice {
 		t.Errorf("the test's own thread has policy %d nice %d, want %d %d as before", p, n, ownPolicy, ownNice)
 	}
 	if n := runtime.GOMAXPROCS(0); n < 2 {
 		t.Errorf("GOMAXPROCS is %d after Lower, want at least 2", n)
+	}
+	select {
+	case <-end:
+		t.Fatal("Go's channel closed before its function returned")
+	default:
 	}
 	if err := bg.Raise(); err != nil {
 		if errors.Is(err, unix.EPERM) && os.Geteuid() != 0 {
@@ -247,15 +253,14 @@ func TestBackground(t *testing.T) {
 	if err := early.Raise(); err != nil {
 		t.Fatalf("Raise before Lower: %v", err)
 	}
-	res := make(chan uint32)
-	go func() {
-		defer early.Done()
-		if err := early.Lower(); err != nil {
-			t.Errorf("Lower after Raise: %v", err)
+	res := make(chan uint32, 1)
+	<-early.Go(func(lowerErr error) {
+		if lowerErr != nil {
+			t.Errorf("Lower after Raise: %v", lowerErr)
 		}
 		p, _, _ := threadPolicy(unix.Gettid())
 		res <- p
-	}()
+	})
 	if p := <-res; p != ownPolicy {
 		t.Errorf("Lower after Raise set policy %d, want %d", p, ownPolicy)
 	}
