@@ -50,7 +50,7 @@ func (r *run) startInstall() {
 	if len(files) == 0 {
 		return
 	}
-	in := &rootInstall{bg: &host.Background{}}
+	in := &rootInstall{}
 	r.install = in
 	r.push(PhaseDaemons, func(ctx context.Context) error {
 		r.waitInstall() // its error was share-root's, or the run failed before that
@@ -63,19 +63,14 @@ func (r *run) startInstall() {
 		in.undo, in.err = r.installModules(files)
 		return
 	}
-	in.done = in.bg.Go(func(lowerErr error) {
-		if lowerErr != nil {
-			r.Log.Debug("the driver root's install runs at normal priority", "error", lowerErr)
-		}
-		in.undo, in.err = r.installModules(files)
-	})
+	in.bg.Name, in.bg.Log = "the driver root's install", r.Log
+	in.bg.Go(func() { in.undo, in.err = r.installModules(files) })
 }
 
-// rootInstall is startInstall's goroutine: undo and err are set once done is closed (nil done:
-// a dry run's install, done at once).
+// rootInstall is startInstall's install: undo and err are set once bg's Wait has returned (at
+// once in a dry run, which installs before startInstall returns and never calls bg's Go).
 type rootInstall struct {
-	done <-chan struct{}
-	bg   *host.Background
+	bg   host.Background
 	undo func(context.Context) error // what it changed, nil when nothing
 	err  error
 }
@@ -86,12 +81,7 @@ func (r *run) waitInstall() error {
 	if in == nil {
 		return nil
 	}
-	if in.done != nil {
-		if err := in.bg.Raise(); err != nil {
-			r.Log.Debug("could not raise the driver root install's priority", "error", err)
-		}
-		<-in.done
-	}
+	in.bg.Wait(context.Background()) // never ends early: the install only copies local files
 	if in.err == nil {
 		r.inRoot = true
 	}

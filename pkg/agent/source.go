@@ -86,9 +86,8 @@ type imageSource struct {
 	pkgPath    string               // its file
 	compile    compile.Options
 	compileErr error            // why the compile path cannot work, found by Find
-	storing    <-chan struct{}  // closed when the background cache store has ended
-	storer     *host.Background // the store's thread: Wait raises it
-	stored     bool             // the store succeeded; read after storing is closed
+	storer     *host.Background // the background cache store, nil when none; Wait waits for it
+	stored     bool             // the store succeeded; read after storer's Wait
 	found      bool             // Find ran
 
 	mu    sync.Mutex
@@ -313,14 +312,11 @@ func (s *imageSource) storeInBackground(key cache.Key, mods []link.Module) {
 	if dir == "" {
 		return
 	}
-	s.storer = &host.Background{}
 	// Ready waits for the store, the load does not: the load keeps the CPU, and the store takes
 	// what the load leaves idle (on a node with few CPUs, the daemons' start) until Wait raises
 	// it.
-	s.storing = s.storer.Go(func(lowerErr error) {
-		if lowerErr != nil {
-			s.log.Debug("the cache store runs at normal priority", "error", lowerErr)
-		}
+	s.storer = &host.Background{Name: "the cache store", Log: s.log}
+	s.storer.Go(func() {
 		start := time.Now()
 		entry, err := cache.Store(dir, key, mods)
 		if err != nil {
@@ -349,24 +345,14 @@ func (s *imageSource) KeptIn() string {
 
 // Wait implements Source.
 func (s *imageSource) Wait(ctx context.Context) error {
-	if s.storing == nil {
+	if s.storer == nil {
 		return nil
-	}
-	select {
-	case <-s.storing:
-		return nil
-	default:
 	}
 	// Nothing is left to run but the store: it runs as the agent does from here on.
-	if err := s.storer.Raise(); err != nil {
-		s.log.Debug("the cache store stays at idle priority", "error", err)
+	if err := s.storer.Wait(ctx); err != nil {
+		return fmt.Errorf("storing the modules in the host cache: %w", err)
 	}
-	select {
-	case <-s.storing:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("storing the modules in the host cache: %w", ctx.Err())
-	}
+	return nil
 }
 
 // Prepare implements Source.

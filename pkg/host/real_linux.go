@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"runtime"
@@ -310,20 +311,72 @@ func BatchThreads(cpus int) (*Sched, error) {
 func CPUs() int { return min(runtime.GOMAXPROCS(0), runtime.NumCPU()) }
 
 // Background runs work that must end before Ready but is not on the way to it (storing new
-// modules in the cache) on a thread of idle priority, which the goroutine that then waits for
-// the work raises back: the work takes the CPU the agent's steps leave idle instead of theirs,
-// and once the agent has nothing left but to wait for it, it runs as the agent does, so a busy
-// node does not hold Ready back behind other work. The zero value is ready for use.
+// modules in the cache, installing them in the driver root) on a thread of idle priority, which
+// Wait raises back: the work takes the CPU the agent's steps leave idle instead of theirs, and
+// once the agent has nothing left but to wait for it, it runs as the agent does, so a busy node
+// does not hold Ready back behind other work. The zero value is ready for use; Go runs the work.
 type Background struct {
+	// Name says what the work is in log lines, e.g. "the cache store".
+	Name string
+	// Log receives, at debug level, a thread that could not be lowered or raised: the work then
+	// runs at the priority it has. Nil discards it.
+	Log *slog.Logger
+
+	done   <-chan struct{} // closed when Go's function has returned; nil before Go
 	mu     sync.Mutex
 	tid    int // the lowered thread, while the goroutine on it runs
 	saved  *unix.SchedAttr
 	raised bool
 }
 
-// Lower locks the calling goroutine to its OS thread for the rest of the goroutine's life and
+// Go runs fn in a goroutine of its own, on a thread in SCHED_IDLE that ends with it. Call it
+// once, and Wait from the goroutine that called it.
+func (b *Background) Go(fn func()) {
+	done := make(chan struct{})
+	b.done = done
+	go func() {
+		defer close(done)
+		defer b.ended()
+		if err := b.lower(); err != nil {
+			b.log().Debug(b.Name+" runs at normal priority", "error", err)
+		}
+		fn()
+	}()
+}
+
+// Wait returns once Go's function has returned, giving its thread back the priority it had
+// (Raise) if it is still running; it returns ctx's error if ctx ends first, and nil at once when
+// Go was never called.
+func (b *Background) Wait(ctx context.Context) error {
+	if b.done == nil {
+		return nil
+	}
+	select {
+	case <-b.done:
+		return nil
+	default:
+	}
+	if err := b.Raise(); err != nil {
+		b.log().Debug(b.Name+" stays at idle priority", "error", err)
+	}
+	select {
+	case <-b.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (b *Background) log() *slog.Logger {
+	if b.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return b.Log
+}
+
+// lower locks the calling goroutine to its OS thread for the rest of the goroutine's life and
 // puts the thread in SCHED_IDLE (Linux schedules each thread on its own), unless Raise came
-// first. The goroutine must defer Done, and must not call runtime.UnlockOSThread: the thread
+// first. The goroutine must defer ended, and must not call runtime.UnlockOSThread: the thread
 // ends with the goroutine, and its priority with it, so no other goroutine ever runs at that
 // priority. In a pod the kernel weighs the threads of the pod's own cgroup against each other,
 // so other workloads on the node do not starve it any more than they would the agent.
@@ -333,7 +386,7 @@ type Background struct {
 // thread would take the only P for each of its turns in the Go scheduler, and the other
 // goroutines would wait for it: so GOMAXPROCS is raised to at least 2, leaving a P for the rest
 // of the agent whenever the lowered thread runs Go code.
-func (b *Background) Lower() error {
+func (b *Background) lower() error {
 	if runtime.GOMAXPROCS(0) < 2 {
 		runtime.GOMAXPROCS(2)
 	}
@@ -355,8 +408,8 @@ func (b *Background) Lower() error {
 	return nil
 }
 
-// Raise gives the lowered thread back the priority it had, or keeps a later Lower from
-// lowering it; after Done it does nothing.
+// Raise gives the lowered thread back the priority it had, or keeps the thread Go starts from
+// being lowered; once Go's function has returned it does nothing. Wait calls it.
 func (b *Background) Raise() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -364,7 +417,7 @@ func (b *Background) Raise() error {
 	if b.tid == 0 {
 		return nil
 	}
-	// The thread lives while its goroutine has not called Done, which takes this lock: the ID
+	// The thread lives while its goroutine has not called ended, which takes this lock: the ID
 	// cannot name another thread yet.
 	tid := b.tid
 	b.tid = 0
@@ -374,21 +427,8 @@ func (b *Background) Raise() error {
 	return nil
 }
 
-// Go runs fn in a goroutine of its own on a lowered thread (Lower, and Done once fn returns),
-// giving it Lower's error, and returns a channel that is closed when fn has returned. Whoever
-// waits for it calls Raise first.
-func (b *Background) Go(fn func(lowerErr error)) <-chan struct{} {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		defer b.Done()
-		fn(b.Lower())
-	}()
-	return done
-}
-
-// Done says the goroutine that called Lower is about to end; defer it there.
-func (b *Background) Done() {
+// ended says the goroutine that called lower is about to end; it defers it.
+func (b *Background) ended() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.tid = 0

@@ -2,9 +2,11 @@ package host_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"runtime"
@@ -178,33 +180,34 @@ func threadPolicy(tid int) (policy uint32, nice int32, ok bool) {
 	return a.Policy, a.Nice, true
 }
 
-// TestBackground: Go runs its function in a goroutine of its own whose thread Lower put at idle
+// TestBackground: Go runs its function in a goroutine of its own whose thread is put at idle
 // priority, leaves the test's own thread as it was, and leaves the process at least two Ps (one
 // for the rest when the lowered thread runs); Raise gives the thread back the policy and nice
-// value it had; Go's channel closes once the function has returned, the thread ends with the
-// goroutine, and a Raise after Done, or a Lower after Raise, changes nothing.
+// value it had; Wait returns ctx's error while the function runs and nil once it has returned;
+// the thread ends with the goroutine, and a Raise after the end, or a Go after Raise, lowers
+// nothing. Wait raises a thread still lowered; a Background never started waits for nothing.
 func TestBackground(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))      // as on a node with one CPU
 	ownPolicy, ownNice, _ := threadPolicy(unix.Gettid()) // whatever the test runs at (nice make lint, ...)
-	var bg host.Background
+	var logged bytes.Buffer                              // written by Go's goroutine before its function runs, read after
+	bg := host.Background{Name: "the test's work", Log: slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelDebug}))}
 	type lowered struct {
 		tid    int
 		policy uint32
-		err    error
 	}
 	low, raised := make(chan lowered), make(chan struct{})
 	var once sync.Once
 	release := func() { once.Do(func() { close(raised) }) }
 	defer release() // the goroutine ends even when the test stops early
-	end := bg.Go(func(lowerErr error) {
+	bg.Go(func() {
 		tid := unix.Gettid()
 		p, _, _ := threadPolicy(tid)
-		low <- lowered{tid, p, lowerErr}
+		low <- lowered{tid, p}
 		<-raised
 	})
 	l := <-low
-	if l.err != nil || l.policy != unix.SCHED_IDLE {
-		t.Fatalf("Lower = %v; the thread's policy is %d, want SCHED_IDLE (%d)", l.err, l.policy, unix.SCHED_IDLE)
+	if l.policy != unix.SCHED_IDLE {
+		t.Fatalf("the thread's policy is %d, want SCHED_IDLE (%d); log: %s", l.policy, unix.SCHED_IDLE, logged.String())
 	}
 	if l.tid == unix.Gettid() {
 		t.Error("Go's function ran on the test's thread")
@@ -213,12 +216,7 @@ func TestBackground(t *testing.T) {
 		t.Errorf("the test's own thread has policy %d nice %d, want %d %d as before", p, n, ownPolicy, ownNice)
 	}
 	if n := runtime.GOMAXPROCS(0); n < 2 {
-		t.Errorf("GOMAXPROCS is %d after Lower, want at least 2", n)
-	}
-	select {
-	case <-end:
-		t.Fatal("Go's channel closed before its function returned")
-	default:
+		t.Errorf("GOMAXPROCS is %d after Go, want at least 2", n)
 	}
 	if err := bg.Raise(); err != nil {
 		if errors.Is(err, unix.EPERM) && os.Geteuid() != 0 {
@@ -230,10 +228,20 @@ func TestBackground(t *testing.T) {
 	if p, n, _ := threadPolicy(l.tid); p != ownPolicy || n != ownNice {
 		t.Errorf("after Raise the thread has policy %d nice %d, want %d %d", p, n, ownPolicy, ownNice)
 	}
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := bg.Wait(cancelled); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Wait with its function running and ctx ended = %v, want context.Canceled", err)
+	}
 	release()
-	<-end
+	if err := bg.Wait(context.Background()); err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
 	if err := bg.Raise(); err != nil {
-		t.Errorf("Raise after Done: %v", err)
+		t.Errorf("Raise after the end: %v", err)
+	}
+	if strings.Contains(logged.String(), "priority") {
+		t.Errorf("the thread's priority was not changed as asked; log: %s", logged.String())
 	}
 	// On the main thread the runtime cannot end the thread; it parks it for good instead, and no
 	// goroutine runs there again.
@@ -248,21 +256,55 @@ func TestBackground(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 
-	// Raise before Lower: the thread is never lowered.
+	// Wait raises a thread still lowered before it waits.
+	var waited host.Background
+	tids, stop := make(chan int), make(chan struct{})
+	waited.Go(func() {
+		tids <- unix.Gettid()
+		<-stop
+	})
+	tid := <-tids
+	waitErr := make(chan error, 1)
+	go func() { waitErr <- waited.Wait(context.Background()) }()
+	for deadline = time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		if p, n, _ := threadPolicy(tid); p == ownPolicy && n == ownNice {
+			break
+		}
+		if time.Now().After(deadline) {
+			close(stop)
+			t.Fatal("Wait did not raise the lowered thread")
+		}
+	}
+	close(stop)
+	if err := <-waitErr; err != nil {
+		t.Errorf("Wait: %v", err)
+	}
+
+	// Raise before Go: the thread is never lowered.
 	var early host.Background
+	early.Log = bg.Log
 	if err := early.Raise(); err != nil {
-		t.Fatalf("Raise before Lower: %v", err)
+		t.Fatalf("Raise before Go: %v", err)
 	}
 	res := make(chan uint32, 1)
-	<-early.Go(func(lowerErr error) {
-		if lowerErr != nil {
-			t.Errorf("Lower after Raise: %v", lowerErr)
-		}
+	early.Go(func() {
 		p, _, _ := threadPolicy(unix.Gettid())
 		res <- p
 	})
+	if err := early.Wait(context.Background()); err != nil {
+		t.Errorf("Wait: %v", err)
+	}
 	if p := <-res; p != ownPolicy {
-		t.Errorf("Lower after Raise set policy %d, want %d", p, ownPolicy)
+		t.Errorf("Go after Raise set policy %d, want %d", p, ownPolicy)
+	}
+	if strings.Contains(logged.String(), "priority") {
+		t.Errorf("Go after Raise logged a priority change; log: %s", logged.String())
+	}
+
+	// A Background never started has nothing to wait for.
+	var idle host.Background
+	if err := idle.Wait(cancelled); err != nil {
+		t.Errorf("Wait without Go = %v, want nil", err)
 	}
 }
 
