@@ -143,7 +143,7 @@ bench_agent() {
 	# on-CPU ns, wait ns, slices). A thread that a goroutine locked ends with it, taking its
 	# schedstat along.
 	cpu=$(awk '{ c += $1; n += $3 } END { printf "live_cpu_ms=%.2f slices=%d", c / 1e6, n }' /proc/$pid/task/*/schedstat)
-	cpu="$(sed 's/.*) //' "/proc/$pid/stat" | awk '{ printf "cpu_ms=%d", ($12 + $13) * 10 }') $cpu"
+	cpu="$(awk '{ sub(/.*\) /, ""); split($0, f, " "); printf "cpu_ms=%d", (f[12] + f[13]) * 10 }' "/proc/$pid/stat") $cpu"
 	phases=$(phase_ms)
 	ns_now
 	t2=$NS
